@@ -1,0 +1,262 @@
+//! Benchmark support, following upstream's method (`spec/quant.md` §4.4) so numbers compare
+//! row by row with `bench/upstream-h200.md`:
+//!
+//! * device time per call from CUDA events recorded right around the call;
+//! * the L2 cache flushed (a memset of max(256 MiB, 2 × L2)) before every timed call, so small
+//!   shapes are measured cold, as upstream's CUPTI harness does;
+//! * warm-up calls first (they also compile), then the **median** of [`TIMED_CALLS`] calls;
+//! * bytes moved = each input read once + each output written once (the op's own count);
+//! * the device copy ceiling measured in the same run: a 16-byte-vectorised device-to-device
+//!   copy of 1 GiB, counting bytes read plus bytes written, best of several grid sizes.
+//!
+//! Results print as a table and, with `--jsonl <path>`, append one JSON object per line.
+//! A bench executable takes an optional positional filter: only cases whose `op/params` key
+//! contains it run.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use crate::device::Device;
+use crate::error::{DriverContext, Result, TkError};
+use crate::kernel::{self, DiskCache, KernelSource, KernelSpec};
+use crate::tensor::DeviceTensor;
+
+/// Timed calls per case (the median is reported).
+pub const TIMED_CALLS: usize = 50;
+/// Untimed warm-up calls per case.
+pub const WARMUP_CALLS: usize = 3;
+
+static COPY_SRC: KernelSource = KernelSource { file: "copy.cu", entry: "tk_copy16", code: include_str!("../cuda/copy.cu"), headers: &[], needs_cuda_headers: false };
+
+/// One benchmark result.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Op name, e.g. `transpose`.
+    pub op: String,
+    /// Parameters, e.g. `8064x7168 bf16`.
+    pub params: String,
+    /// Median device time per call, µs.
+    pub median_us: f64,
+    /// Fastest call, µs.
+    pub min_us: f64,
+    /// Bytes the call must move.
+    pub bytes: usize,
+    /// `bytes / median` in GB/s (1e9 B/s).
+    pub gbs: f64,
+    /// `gbs` as a percentage of the same-run copy ceiling.
+    pub pct_of_ceiling: f64,
+}
+
+/// A benchmark session on one device. See the module docs.
+pub struct Bench {
+    dev: Device,
+    flush: DeviceTensor<u8>,
+    ceiling_gbs: f64,
+    filter: Option<String>,
+    jsonl: Option<PathBuf>,
+    records: Vec<Record>,
+}
+
+impl Bench {
+    /// Parses the bench executable's arguments (`[filter] [--jsonl <path>]`; cargo's `--bench`
+    /// is ignored), opens GPU 0 and measures the copy ceiling. Returns `Ok(None)` with a printed
+    /// reason when there is no usable GPU (an error with `TK_REQUIRE_GPU=1`).
+    pub fn from_args() -> Result<Option<Self>> {
+        let mut filter = None;
+        let mut jsonl = None;
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--jsonl" => jsonl = args.next().map(PathBuf::from),
+                s if s.starts_with("--") => {}
+                s => filter = Some(s.to_string()),
+            }
+        }
+        let dev = match Device::new(0) {
+            Ok(d) => d,
+            Err(e) if crate::testing::gpu_required() => return Err(e),
+            Err(e) => {
+                println!("bench skipped: no usable GPU ({e})");
+                return Ok(None);
+            }
+        };
+        let flush_bytes = (256usize << 20).max(2 * dev.props().l2_bytes);
+        let flush = dev.alloc::<u8>(&[flush_bytes])?;
+        let mut b = Self { dev, flush, ceiling_gbs: 0.0, filter, jsonl, records: Vec::new() };
+        b.ceiling_gbs = b.measure_copy_ceiling()?;
+        let p = b.dev.props();
+        println!(
+            "device: {} ({}, {} SMs, {} MiB L2); copy ceiling {:.0} GB/s (1 GiB 16-byte D2D copy, read+write)",
+            p.name,
+            p.arch,
+            p.sm_count,
+            p.l2_bytes >> 20,
+            b.ceiling_gbs
+        );
+        Ok(Some(b))
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The copy ceiling of this run in GB/s.
+    pub fn ceiling_gbs(&self) -> f64 {
+        self.ceiling_gbs
+    }
+
+    /// True if the case `op/params` passes the filter.
+    pub fn enabled(&self, op: &str, params: &str) -> bool {
+        self.filter.as_deref().is_none_or(|f| format!("{op}/{params}").contains(f))
+    }
+
+    fn measure_copy_ceiling(&self) -> Result<f64> {
+        const BYTES: usize = 1 << 30;
+        let src = self.dev.alloc::<u8>(&[BYTES])?;
+        let mut dst = self.dev.alloc::<u8>(&[BYTES])?;
+        let f = self.dev.function(&KernelSpec::new(&COPY_SRC))?;
+        let n16 = (BYTES / 16) as u64;
+        let src_addr = src.view().address();
+        let dst_addr = dst.view_mut().address();
+        let sms = self.dev.props().sm_count;
+        let mut best = 0f64;
+        for blocks_per_sm in [4u32, 8, 16, 32] {
+            let cfg = LaunchConfig { grid_dim: (sms * blocks_per_sm, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let times = self.time_calls(10, false, || {
+                let mut l = self.dev.stream().launch_builder(&f);
+                l.arg(&dst_addr).arg(&src_addr).arg(&n16);
+                // SAFETY: both buffers hold n16 16-byte elements and outlive the launch (stream-ordered frees).
+                unsafe { l.launch(cfg) }.map(|_| ()).ctx("launching the copy kernel")
+            })?;
+            best = best.max(2.0 * BYTES as f64 / median(&times) / 1e3);
+        }
+        Ok(best)
+    }
+
+    /// Times `calls` calls of `f` with events, optionally flushing L2 before each; µs per call.
+    fn time_calls(&self, calls: usize, flush: bool, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+        for _ in 0..WARMUP_CALLS {
+            f()?;
+        }
+        let mut events = Vec::with_capacity(2 * calls);
+        let mut flush_view = self.flush.view();
+        for _ in 0..calls {
+            if flush {
+                let ptr = flush_view.address();
+                // SAFETY: the flush buffer is live and holds `len` bytes.
+                unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, self.flush.buffer().len(), self.dev.stream().cu_stream()) }.ctx("flushing L2")?;
+            }
+            let start = self.dev.record_event(true)?;
+            f()?;
+            events.push((start, self.dev.record_event(true)?));
+        }
+        flush_view = self.flush.view();
+        let _ = flush_view;
+        self.dev.synchronize()?;
+        events.iter().map(|(a, b)| a.elapsed_ms(b).ctx("reading event times").map(|ms| ms as f64 * 1e3)).collect()
+    }
+
+    /// Benchmarks one case: `f` enqueues one call of the op; `bytes` is what one call must move.
+    /// Skipped (no-op) when the filter excludes `op/params`.
+    pub fn run(&mut self, op: &str, params: &str, bytes: usize, f: impl FnMut() -> Result<()>) -> Result<()> {
+        if !self.enabled(op, params) {
+            return Ok(());
+        }
+        let times = self.time_calls(TIMED_CALLS, true, f)?;
+        let med = median(&times);
+        let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
+        let gbs = bytes as f64 / med / 1e3;
+        let r = Record { op: op.into(), params: params.into(), median_us: med, min_us: min, bytes, gbs, pct_of_ceiling: 100.0 * gbs / self.ceiling_gbs };
+        println!("{:<22} {:<34} {:>9.2} µs {:>7.0} GB/s {:>5.1} %", r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling);
+        self.records.push(r);
+        Ok(())
+    }
+
+    /// Measures and prints (a) a cold NVRTC compile of `spec` and (b) a load of it from a fresh
+    /// disk cache (read + validate + module load), both in ms.
+    pub fn report_compile_times(&mut self, spec: &KernelSpec) -> Result<()> {
+        let arch = self.dev.props().arch.clone();
+        let t = Instant::now();
+        let compiled = kernel::compile(spec, &arch)?;
+        let cold_ms = t.elapsed().as_secs_f64() * 1e3;
+        let dir = std::env::temp_dir().join(format!("tk-bench-cache-{}", std::process::id()));
+        let cache = DiskCache::new(&dir);
+        let key = spec.cache_key(&arch)?;
+        cache.store(&key, &compiled.image)?;
+        let t = Instant::now();
+        let (cubin, outcome) = kernel::cubin_with_cache(spec, &arch, &key, Some(&cache))?;
+        let module = self.dev.context().load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).ctx("loading a cached module")?;
+        let _f = module.load_function(spec.source().entry).ctx("looking up the kernel entry point")?;
+        let load_ms = t.elapsed().as_secs_f64() * 1e3;
+        let _ = std::fs::remove_dir_all(&dir);
+        if outcome != kernel::CacheOutcome::Hit {
+            return Err(TkError::param("cache", "disk-cache entry just written was not read back"));
+        }
+        println!(
+            "compile {} [{}] for {arch}: cold NVRTC compile {cold_ms:.1} ms; load from disk cache {load_ms:.2} ms",
+            spec.source().entry,
+            spec.describe()
+        );
+        self.write_jsonl(&format!(
+            "{{\"kind\":\"compile\",\"kernel\":\"{}\",\"arch\":\"{arch}\",\"cold_compile_ms\":{cold_ms:.3},\"disk_cache_load_ms\":{load_ms:.3}}}",
+            json_escape(spec.source().entry)
+        ))
+    }
+
+    fn write_jsonl(&self, line: &str) -> Result<()> {
+        let Some(path) = &self.jsonl else { return Ok(()) };
+        let io = |source| TkError::Io { path: path.display().to_string(), source };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+        writeln!(f, "{line}").map_err(io)
+    }
+
+    /// Prints the summary table and appends the records to the JSONL file.
+    pub fn finish(self) -> Result<Vec<Record>> {
+        let p = self.dev.props();
+        println!("\n| op | params | µs (median) | GB/s | % of copy ceiling ({:.0} GB/s) |\n|---|---|---:|---:|---:|", self.ceiling_gbs);
+        for r in &self.records {
+            println!("| {} | {} | {:.2} | {:.0} | {:.1} % |", r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling);
+            self.write_jsonl(&format!(
+                "{{\"kind\":\"bench\",\"op\":\"{}\",\"params\":\"{}\",\"median_us\":{:.3},\"min_us\":{:.3},\"bytes\":{},\"gbs\":{:.1},\"pct_of_ceiling\":{:.2},\"ceiling_gbs\":{:.1},\"device\":\"{}\"}}",
+                json_escape(&r.op),
+                json_escape(&r.params),
+                r.median_us,
+                r.min_us,
+                r.bytes,
+                r.gbs,
+                r.pct_of_ceiling,
+                self.ceiling_gbs,
+                json_escape(&p.name)
+            ))?;
+        }
+        Ok(self.records)
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => 0.5 * (s[n / 2 - 1] + s[n / 2]),
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
+            c => vec![c],
+        })
+        .collect()
+}

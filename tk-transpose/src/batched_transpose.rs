@@ -1,0 +1,205 @@
+//! `transpose` and `batched_transpose` (`spec/quant.md` §3.13): `out[b, j, i] = x[b, i, j]`.
+//!
+//! A pure bit copy: no arithmetic, so results are bit-exact for every element type of 1, 2 or
+//! 4 bytes (fp32, bf16, f16, FP8 e4m3/e5m2, i32, u8, UE8M0 bytes).
+//!
+//! | argument | shape | dtype | layout |
+//! |---|---|---|---|
+//! | `x` (`batched_transpose`) | `(B, X, Y)` | 1, 2 or 4 bytes, not packed | last stride 1; any row and batch stride |
+//! | `x` (`transpose`) | `(X, Y)` | same | last stride 1; any row stride |
+//! | `out` | `(B, Y, X)` / `(Y, X)` | same as `x` | contiguous |
+//!
+//! **Deviations from upstream** (all relax upstream's limits; none changes a result):
+//! * any sizes: upstream needs `X % 64 == 0` and `Y % 64 == 0`; here any `X, Y ≥ 0` work;
+//! * any row stride: upstream needs `stride(-2) % 4 == 0`;
+//! * any batch stride: upstream silently assumes batches packed back to back (`X · stride(-2)`)
+//!   and reads the wrong rows otherwise; here the view's batch stride is honoured.
+//!
+//! Empty inputs (any dimension 0) are allowed: nothing is launched and the output is empty.
+//! Packed types (FP4 pairs, E5M6 bytes, packed UE8M0 words) and 8-byte types are rejected with
+//! [`TkError::Dtype`], because transposing their storage units is not a logical transpose.
+//!
+//! Kernels: when the rows are 16-byte aligned and `X`, `Y` are multiples of `16 / size`, each
+//! thread transposes a 16-byte × 16-byte chunk in registers (16-byte loads and stores, no shared
+//! memory); otherwise a shared-memory tile kernel handles any shape. The op never synchronises
+//! with the host and is safe to capture in a CUDA graph (after [`prewarm`]).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use tk_core::error::DriverContext;
+use tk_core::{DType, Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Layout, Result, TkError};
+
+static SOURCE: KernelSource = KernelSource {
+    file: "batched_transpose.cu",
+    entry: "tk_batched_transpose",
+    code: include_str!("../cuda/batched_transpose.cu"),
+    headers: &[],
+    needs_cuda_headers: false,
+};
+
+/// Validated geometry of one batched transpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub batches: usize,
+    pub x: usize,
+    pub y: usize,
+    /// Input row stride (elements).
+    pub ld: usize,
+    /// Input batch stride (elements).
+    pub bs: usize,
+}
+
+impl Geometry {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.batches == 0 || self.x == 0 || self.y == 0
+    }
+}
+
+/// Checks the element type: 1, 2 or 4 bytes and not packed.
+pub(crate) fn check_dtype(dt: DType) -> Result<()> {
+    if dt.is_packed() || !matches!(dt.size_bytes(), 1 | 2 | 4) {
+        return Err(TkError::Dtype { arg: "x", expected: "an unpacked element type of 1, 2 or 4 bytes (fp32, bf16, fp16, e4m3, e5m2, i32, u8, ue8m0)".into(), got: dt });
+    }
+    Ok(())
+}
+
+/// Validates `x` (rank `rank`: 2 for `transpose`, 3 for `batched_transpose`) and returns its
+/// geometry as a batch of matrices.
+pub(crate) fn geometry(dt: DType, layout: &Layout, rank: usize) -> Result<Geometry> {
+    check_dtype(dt)?;
+    if layout.rank() != rank {
+        let expected = if rank == 2 { "rank 2 (X, Y)" } else { "rank 3 (B, X, Y)" };
+        return Err(TkError::Shape { arg: "x", expected: expected.into(), got: layout.shape().to_vec() });
+    }
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let (b, x, y) = if rank == 2 { (1, shape[0], shape[1]) } else { (shape[0], shape[1], shape[2]) };
+    if y > 1 && strides[rank - 1] != 1 {
+        return Err(TkError::Stride { arg: "x", expected: "the last dimension must be contiguous (stride 1)".into(), got: strides.to_vec() });
+    }
+    for (name, v) in [("x.shape[batch]", b), ("x.shape[-2]", x), ("x.shape[-1]", y)] {
+        if v > u32::MAX as usize {
+            return Err(TkError::param(name, format!("{v} exceeds the supported maximum {}", u32::MAX)));
+        }
+    }
+    let ld = strides[rank - 2];
+    let bs = if rank == 3 { strides[0] } else { 0 };
+    Ok(Geometry { batches: b, x, y, ld, bs })
+}
+
+/// Checks that `out` has shape `expected` and is contiguous.
+pub(crate) fn check_out(layout: &Layout, expected: &[usize]) -> Result<()> {
+    if layout.shape() != expected {
+        return Err(TkError::Shape { arg: "out", expected: format!("{expected:?} (x's shape with the last two dimensions swapped)"), got: layout.shape().to_vec() });
+    }
+    if !layout.is_contiguous() {
+        return Err(TkError::Stride { arg: "out", expected: "a contiguous (row-major) output".into(), got: layout.strides().to_vec() });
+    }
+    Ok(())
+}
+
+fn out_shape(layout: &Layout) -> Vec<usize> {
+    let mut s = layout.shape().to_vec();
+    let r = s.len();
+    s.swap(r - 1, r - 2);
+    s
+}
+
+/// The kernel specialisation for element size `elem_bytes` and path (`vec`: register path).
+pub fn kernel_spec(elem_bytes: usize, vec: bool) -> KernelSpec {
+    KernelSpec::new(&SOURCE).define("TK_ELEM_BYTES", elem_bytes).define("TK_VEC", vec as u8)
+}
+
+/// Every specialisation this crate can launch (for compile checks and [`prewarm`]).
+pub fn registered_kernels() -> Vec<KernelSpec> {
+    [1, 2, 4].into_iter().flat_map(|e| [kernel_spec(e, true), kernel_spec(e, false)]).collect()
+}
+
+/// Compiles (or loads from the disk cache) every transpose kernel on `dev`, e.g. before
+/// capturing a CUDA graph.
+pub fn prewarm(dev: &Device) -> Result<()> {
+    dev.prewarm(&registered_kernels())
+}
+
+/// Transposes the last two dimensions of `x` `(B, X, Y)` into a new contiguous `(B, Y, X)`.
+///
+/// See the module docs for the accepted layouts. Enqueued on `x`'s device stream; no host sync.
+pub fn batched_transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
+    let shape = out_shape(x.layout());
+    geometry(T::DTYPE, x.layout(), 3)?;
+    let mut out = x.device().alloc::<T>(&shape)?;
+    batched_transpose_into(x, &mut out.view_mut())?;
+    Ok(out)
+}
+
+/// [`batched_transpose`] into a caller-provided contiguous `out` of shape `(B, Y, X)`.
+pub fn batched_transpose_into<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>) -> Result<()> {
+    launch(x, out, 3)
+}
+
+/// Transposes a 2-D `x` `(X, Y)` into a new contiguous `(Y, X)`.
+pub fn transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
+    let shape = out_shape(x.layout());
+    geometry(T::DTYPE, x.layout(), 2)?;
+    let mut out = x.device().alloc::<T>(&shape)?;
+    transpose_into(x, &mut out.view_mut())?;
+    Ok(out)
+}
+
+/// [`transpose`] into a caller-provided contiguous `out` of shape `(Y, X)`.
+pub fn transpose_into<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>) -> Result<()> {
+    launch(x, out, 2)
+}
+
+fn launch<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>, rank: usize) -> Result<()> {
+    let g = geometry(T::DTYPE, x.layout(), rank)?;
+    check_out(out.layout(), &out_shape(x.layout()))?;
+    let dev = x.device();
+    if !dev.same_device(out.device()) {
+        return Err(TkError::Placement { arg: "out", msg: "must be on the same device as x".into() });
+    }
+    if g.is_empty() {
+        return Ok(());
+    }
+    let e = std::mem::size_of::<T>();
+    let v = 16 / e; // elements per 16-byte vector
+    let (x_addr, out_addr) = (x.address(), out.address());
+    let vec = x_addr % 16 == 0
+        && out_addr % 16 == 0
+        && g.x % v == 0
+        && g.y % v == 0
+        && g.ld % v == 0
+        && (g.batches == 1 || g.bs % v == 0);
+    let cfg = if vec { vec_config(&g, v, dev.props().sm_count as usize) } else { generic_config(&g) };
+    let f = dev.function(&kernel_spec(e, vec))?;
+    let (batches, xs, ys, ld, bs) = (g.batches as u32, g.x as u32, g.y as u32, g.ld as u64, g.bs as u64);
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(&out_addr).arg(&x_addr).arg(&batches).arg(&xs).arg(&ys).arg(&ld).arg(&bs);
+    // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
+    // x's and out's buffers (views are bounds-checked at creation; the kernel reads
+    // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only), the vector path is
+    // taken only with 16-byte aligned rows, and both buffers outlive the stream-ordered launch.
+    unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
+    Ok(())
+}
+
+/// Launch shape of the register path: lanes along y-chunks chosen to waste the fewest lanes,
+/// smaller blocks when the problem would not fill the device twice over.
+fn vec_config(g: &Geometry, v: usize, sms: usize) -> LaunchConfig {
+    let (ncx, ncy) = (g.x / v, g.y / v);
+    let lanes_y = [32usize, 16, 8, 4, 2, 1].into_iter().min_by_key(|&l| (ncy.div_ceil(l) * l - ncy, usize::MAX - l)).unwrap_or(32);
+    let threads = if ncx * ncy * g.batches < 2 * sms * 256 { 64 } else { 256 };
+    let lanes_x = (threads / lanes_y).max(1);
+    LaunchConfig {
+        grid_dim: (ncy.div_ceil(lanes_y).min(i32::MAX as usize) as u32, ncx.div_ceil(lanes_x).min(65535) as u32, g.batches.min(65535) as u32),
+        block_dim: (lanes_y as u32, lanes_x as u32, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Launch shape of the shared-memory path: one 32 × 32 tile per block of 32 × 8 threads.
+fn generic_config(g: &Geometry) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (g.y.div_ceil(32).min(i32::MAX as usize) as u32, g.x.div_ceil(32).min(65535) as u32, g.batches.min(65535) as u32),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    }
+}
