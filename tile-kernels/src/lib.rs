@@ -1,1 +1,37 @@
-//! stub
+//! # tile-kernels
+//!
+//! GPU kernels for the critical path of mixture-of-experts models and low-precision inference
+//! and training, in Rust + CUDA C++ (compiled at run time by NVRTC; no CUDA toolkit needed to
+//! build). This facade re-exports each kernel family behind a feature of the same name; depend
+//! on a family crate directly (`tk-transpose`, ...) if you need only that family.
+//!
+//! | feature | crate | ops |
+//! |---|---|---|
+//! | `transpose` (default) | [`tk_transpose`] | `transpose`, `batched_transpose` |
+//!
+//! The core types (devices, tensors, dtypes, errors) are re-exported from [`tk_core`] as
+//! [`core`].
+
+pub use tk_core as core;
+pub use tk_core::{
+    DType, Device, DeviceTensor, DeviceView, DeviceViewMut, Element, HostTensor, HostView, Result,
+    TkError,
+};
+
+#[cfg(feature = "transpose")]
+pub use tk_transpose as transpose;
+
+/// Every kernel specialisation registered by the enabled families, with the family's name
+/// (for compile checks and prewarming).
+pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
+    #[allow(unused_mut)]
+    let mut v: Vec<(&'static str, tk_core::KernelSpec)> =
+        vec![("core", tk_core::bench::copy_kernel_spec())];
+    #[cfg(feature = "transpose")]
+    v.extend(
+        tk_transpose::registered_kernels()
+            .into_iter()
+            .map(|s| ("transpose", s)),
+    );
+    v
+}

@@ -52,7 +52,9 @@ pub struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("props", &self.shared.props).finish()
+        f.debug_struct("Device")
+            .field("props", &self.shared.props)
+            .finish()
     }
 }
 
@@ -93,7 +95,10 @@ impl Device {
         check_driver_loadable()?;
         let count = CudaContext::device_count().ctx("cuDeviceGetCount")?;
         if ordinal >= count.max(0) as usize {
-            return Err(TkError::param("ordinal", format!("device {ordinal} requested but {count} CUDA device(s) found")));
+            return Err(TkError::param(
+                "ordinal",
+                format!("device {ordinal} requested but {count} CUDA device(s) found"),
+            ));
         }
         let ctx = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
         // tile-kernels orders work itself (one stream per handle, explicit events), so cudarc's
@@ -102,30 +107,62 @@ impl Device {
         // tile-kernels never shares a buffer between streams without an explicit event.
         unsafe { ctx.disable_event_tracking() };
         let name = ctx.name().ctx("cuDeviceGetName")?;
-        let cc = ctx.compute_capability().ctx("reading the compute capability")?;
-        let attr = |a: Attr, what: &'static str| ctx.attribute(a).ctx(what).map(|v| v.max(0) as usize);
-        let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "reading the SM count")? as u32;
-        let l2_bytes = attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "reading the L2 size")?;
-        let max_smem_per_block_optin =
-            attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, "reading the shared-memory limit")?;
+        let cc = ctx
+            .compute_capability()
+            .ctx("reading the compute capability")?;
+        let attr =
+            |a: Attr, what: &'static str| ctx.attribute(a).ctx(what).map(|v| v.max(0) as usize);
+        let sm_count = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "reading the SM count",
+        )? as u32;
+        let l2_bytes = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+            "reading the L2 size",
+        )?;
+        let max_smem_per_block_optin = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "reading the shared-memory limit",
+        )?;
         let arch = match arch_for(cc) {
             Some(a) => a,
-            None => {
-                return Err(TkError::Unsupported {
-                    device: format!("{name} (ordinal {ordinal}, compute capability {}.{})", cc.0, cc.1),
-                    needed: "tile-kernels needs compute capability 9.0 (Hopper, sm_90a) or newer (sm_100a)".into(),
-                })
-            }
+            None => return Err(TkError::Unsupported {
+                device: format!(
+                    "{name} (ordinal {ordinal}, compute capability {}.{})",
+                    cc.0, cc.1
+                ),
+                needed:
+                    "tile-kernels needs compute capability 9.0 (Hopper, sm_90a) or newer (sm_100a)"
+                        .into(),
+            }),
         };
         let stream = ctx.new_stream().ctx("creating a stream")?;
-        let props = DeviceProps { ordinal, name, compute_capability: cc, sm_count, l2_bytes, max_smem_per_block_optin, arch };
-        Ok(Self { shared: Arc::new(Shared { ctx, props, functions: Mutex::new(HashMap::new()) }), stream })
+        let props = DeviceProps {
+            ordinal,
+            name,
+            compute_capability: cc,
+            sm_count,
+            l2_bytes,
+            max_smem_per_block_optin,
+            arch,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                ctx,
+                props,
+                functions: Mutex::new(HashMap::new()),
+            }),
+            stream,
+        })
     }
 
     /// A handle on the same device and kernel cache that enqueues on a new stream.
     pub fn with_new_stream(&self) -> Result<Self> {
         let stream = self.shared.ctx.new_stream().ctx("creating a stream")?;
-        Ok(Self { shared: self.shared.clone(), stream })
+        Ok(Self {
+            shared: self.shared.clone(),
+            stream,
+        })
     }
 
     /// The device's properties.
@@ -150,8 +187,14 @@ impl Device {
 
     /// Records an event on this handle's stream (timing enabled when `timing`).
     pub fn record_event(&self, timing: bool) -> Result<CudaEvent> {
-        let flags = if timing { cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT } else { cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING };
-        self.stream.record_event(Some(flags)).ctx("recording an event")
+        let flags = if timing {
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT
+        } else {
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+        };
+        self.stream
+            .record_event(Some(flags))
+            .ctx("recording an event")
     }
 
     /// Makes this handle's stream wait (on the device, not the host) for `event`.
@@ -173,14 +216,18 @@ impl Device {
         let layout = Layout::contiguous(shape);
         // SAFETY: the memory is uninitialised but `T: Element` is valid for every bit pattern,
         // so reading it before a write yields arbitrary values, never UB.
-        let buf = unsafe { self.stream.alloc::<T>(layout.numel().max(1)) }.ctx("allocating device memory")?;
+        let buf = unsafe { self.stream.alloc::<T>(layout.numel().max(1)) }
+            .ctx("allocating device memory")?;
         Ok(DeviceTensor::from_parts(buf, layout, self.clone()))
     }
 
     /// Allocates a zero-filled contiguous device tensor.
     pub fn zeros<T: Element>(&self, shape: &[usize]) -> Result<DeviceTensor<T>> {
         let layout = Layout::contiguous(shape);
-        let buf = self.stream.alloc_zeros::<T>(layout.numel().max(1)).ctx("allocating device memory")?;
+        let buf = self
+            .stream
+            .alloc_zeros::<T>(layout.numel().max(1))
+            .ctx("allocating device memory")?;
         Ok(DeviceTensor::from_parts(buf, layout, self.clone()))
     }
 
@@ -201,7 +248,9 @@ impl Device {
         };
         let mut t = self.alloc::<T>(x.layout().shape())?;
         if !data.is_empty() {
-            self.stream.memcpy_htod(data, &mut t.buffer_mut().slice_mut(..data.len())).ctx("copying host to device")?;
+            self.stream
+                .memcpy_htod(data, &mut t.buffer_mut().slice_mut(..data.len()))
+                .ctx("copying host to device")?;
             // The copy reads `data` asynchronously from pageable memory; wait before it can be freed.
             self.synchronize()?;
         }
@@ -215,13 +264,19 @@ impl Device {
         let mut raw = vec![T::default(); hi - lo];
         if hi > lo {
             let src = x.buffer().slice(lo..hi);
-            self.stream.memcpy_dtoh(&src, &mut raw).ctx("copying device to host")?;
+            self.stream
+                .memcpy_dtoh(&src, &mut raw)
+                .ctx("copying device to host")?;
         }
         self.synchronize()?;
         if layout.is_contiguous() && raw.len() == layout.numel() {
             return HostTensor::from_vec(raw, layout.shape());
         }
-        let rebased = Layout::new(layout.shape().to_vec(), layout.strides().to_vec(), layout.offset() - lo)?;
+        let rebased = Layout::new(
+            layout.shape().to_vec(),
+            layout.strides().to_vec(),
+            layout.offset() - lo,
+        )?;
         let host = HostView::new(&raw, rebased)?;
         HostTensor::from_vec(host.to_contiguous_vec(), layout.shape())
     }
@@ -233,7 +288,10 @@ impl Device {
         let (ptr, _guard) = buf.device_ptr_mut(&self.stream);
         // SAFETY: `ptr` addresses `bytes` bytes owned by `buf`, which outlives the enqueued memset
         // because frees are stream-ordered on the same stream.
-        unsafe { cudarc::driver::result::memset_d8_async(ptr, byte, bytes, self.stream.cu_stream()) }.ctx("cuMemsetD8Async")
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, byte, bytes, self.stream.cu_stream())
+        }
+        .ctx("cuMemsetD8Async")
     }
 
     /// Raw device address of element `elem_offset` of a buffer (for kernel arguments).
@@ -248,7 +306,13 @@ impl Device {
     /// cache, else compiled by NVRTC for this device's architecture (and then cached in both).
     pub fn function(&self, spec: &KernelSpec) -> Result<CudaFunction> {
         let key = spec.cache_key(&self.shared.props.arch)?;
-        if let Some(f) = self.shared.functions.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(f) = self
+            .shared
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
             return Ok(f.clone());
         }
         let cubin = kernel::cubin_cached(spec, &self.shared.props.arch, &key)?;
@@ -257,8 +321,14 @@ impl Device {
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .ctx("loading a compiled kernel module")?;
-        let f = module.load_function(spec.source().entry).ctx("looking up the kernel entry point")?;
-        self.shared.functions.lock().unwrap_or_else(|p| p.into_inner()).insert(key, f.clone());
+        let f = module
+            .load_function(spec.source().entry)
+            .ctx("looking up the kernel entry point")?;
+        self.shared
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, f.clone());
         Ok(f)
     }
 

@@ -52,7 +52,12 @@ impl DType {
         match self {
             DType::F32 | DType::I32 | DType::UE8M0x4 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::E4M3 | DType::E5M2 | DType::E2M1x2 | DType::E5M6Bytes | DType::UE8M0 | DType::U8 => 1,
+            DType::E4M3
+            | DType::E5M2
+            | DType::E2M1x2
+            | DType::E5M6Bytes
+            | DType::UE8M0
+            | DType::U8 => 1,
             DType::I64 => 8,
         }
     }
@@ -95,7 +100,15 @@ impl fmt::Display for DType {
 /// Implementors must be plain old data of exactly [`DType::size_bytes`] bytes, valid for every
 /// bit pattern, with the layout the CUDA kernels expect.
 pub unsafe trait Element:
-    cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + PartialEq + fmt::Debug + Send + Sync + 'static
+    cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + Copy
+    + Default
+    + PartialEq
+    + fmt::Debug
+    + Send
+    + Sync
+    + 'static
 {
     /// The element's dtype tag.
     const DTYPE: DType;
@@ -151,15 +164,29 @@ macro_rules! impl_element {
     };
 }
 
-impl_element!(f32, DType::F32, |v| v.to_bits() as u64, |b| f32::from_bits(b as u32));
-impl_element!(half::bf16, DType::BF16, |v| v.to_bits() as u64, |b| half::bf16::from_bits(b as u16));
-impl_element!(half::f16, DType::F16, |v| v.to_bits() as u64, |b| half::f16::from_bits(b as u16));
-impl_element!(float8::F8E4M3, DType::E4M3, |v| v.to_bits() as u64, |b| float8::F8E4M3::from_bits(b as u8));
-impl_element!(float8::F8E5M2, DType::E5M2, |v| v.to_bits() as u64, |b| float8::F8E5M2::from_bits(b as u8));
+impl_element!(f32, DType::F32, |v| v.to_bits() as u64, |b| f32::from_bits(
+    b as u32
+));
+impl_element!(half::bf16, DType::BF16, |v| v.to_bits() as u64, |b| {
+    half::bf16::from_bits(b as u16)
+});
+impl_element!(half::f16, DType::F16, |v| v.to_bits() as u64, |b| {
+    half::f16::from_bits(b as u16)
+});
+impl_element!(float8::F8E4M3, DType::E4M3, |v| v.to_bits() as u64, |b| {
+    float8::F8E4M3::from_bits(b as u8)
+});
+impl_element!(float8::F8E5M2, DType::E5M2, |v| v.to_bits() as u64, |b| {
+    float8::F8E5M2::from_bits(b as u8)
+});
 impl_element!(E2M1x2, DType::E2M1x2, |v| v.0 as u64, |b| E2M1x2(b as u8));
-impl_element!(E5M6Bytes, DType::E5M6Bytes, |v| v.0 as u64, |b| E5M6Bytes(b as u8));
+impl_element!(E5M6Bytes, DType::E5M6Bytes, |v| v.0 as u64, |b| E5M6Bytes(
+    b as u8
+));
 impl_element!(Ue8m0, DType::UE8M0, |v| v.0 as u64, |b| Ue8m0(b as u8));
-impl_element!(Ue8m0x4, DType::UE8M0x4, |v| v.0 as u32 as u64, |b| Ue8m0x4(b as u32 as i32));
+impl_element!(Ue8m0x4, DType::UE8M0x4, |v| v.0 as u32 as u64, |b| Ue8m0x4(
+    b as u32 as i32
+));
 impl_element!(i32, DType::I32, |v| v as u32 as u64, |b| b as u32 as i32);
 impl_element!(i64, DType::I64, |v| v as u64, |b| b as i64);
 impl_element!(u8, DType::U8, |v| v as u64, |b| b as u8);

@@ -132,7 +132,10 @@ pub enum TkError {
 impl TkError {
     /// Shorthand for a [`TkError::Param`].
     pub fn param(arg: &'static str, msg: impl Into<String>) -> Self {
-        Self::Param { arg, msg: msg.into() }
+        Self::Param {
+            arg,
+            msg: msg.into(),
+        }
     }
 }
 

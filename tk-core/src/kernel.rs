@@ -57,7 +57,10 @@ pub struct KernelSpec {
 impl KernelSpec {
     /// A specialisation of `source` with no defines yet.
     pub fn new(source: &'static KernelSource) -> Self {
-        Self { source, defines: Vec::new() }
+        Self {
+            source,
+            defines: Vec::new(),
+        }
     }
 
     /// Adds the compile-time constant `-D<name>=<value>`.
@@ -78,12 +81,19 @@ impl KernelSpec {
 
     /// The defines as `A=1 B=2`, for messages.
     pub fn describe(&self) -> String {
-        let d: Vec<String> = self.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let d: Vec<String> = self
+            .defines
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         d.join(" ")
     }
 
     fn options(&self, target: &str, include: Option<&Path>) -> Vec<String> {
-        let mut o = vec![format!("--gpu-architecture={target}"), "-std=c++17".to_string()];
+        let mut o = vec![
+            format!("--gpu-architecture={target}"),
+            "-std=c++17".to_string(),
+        ];
         if target.starts_with("sm_") {
             o.push("--ptxas-options=-v".into());
         }
@@ -120,7 +130,9 @@ impl KernelSpec {
         let (found, searched) = cuda_include_dir();
         match found {
             Some(d) => Ok(Some(d)),
-            None if self.source.needs_cuda_headers => Err(TkError::CudaHeadersNotFound { searched }),
+            None if self.source.needs_cuda_headers => {
+                Err(TkError::CudaHeadersNotFound { searched })
+            }
             None => Ok(None),
         }
     }
@@ -178,7 +190,12 @@ fn nvrtc_ok(r: sys::nvrtcResult, what: &str) -> Result<()> {
     if r == sys::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(TkError::Compile { kernel: what.into(), arch: String::new(), defines: String::new(), log: format!("{r:?}") })
+        Err(TkError::Compile {
+            kernel: what.into(),
+            arch: String::new(),
+            defines: String::new(),
+            log: format!("{r:?}"),
+        })
     }
 }
 
@@ -199,10 +216,21 @@ pub fn cuda_include_dir() -> (Option<PathBuf>, String) {
     }
     candidates.push(PathBuf::from("/usr/local/cuda/include"));
     if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
-        candidates.extend(std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()).map(|p| p.join("../include")));
+        candidates.extend(
+            std::env::split_paths(&paths)
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| p.join("../include")),
+        );
     }
-    let found = candidates.iter().find(|d| d.join("cuda_fp16.h").is_file()).cloned();
-    let searched = candidates.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
+    let found = candidates
+        .iter()
+        .find(|d| d.join("cuda_fp16.h").is_file())
+        .cloned();
+    let searched = candidates
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     (found, searched)
 }
 
@@ -212,7 +240,12 @@ pub fn compile(spec: &KernelSpec, target: &str) -> Result<Compiled> {
     check_nvrtc_loadable()?;
     let include = spec.include_dir()?;
     let src = spec.source();
-    let err = |log: String| TkError::Compile { kernel: src.entry.into(), arch: target.into(), defines: spec.describe(), log };
+    let err = |log: String| TkError::Compile {
+        kernel: src.entry.into(),
+        arch: target.into(),
+        defines: spec.describe(),
+        log,
+    };
     let cstr = |s: &str| CString::new(s).map_err(|_| err(format!("NUL byte in {s:?}")));
     let code = cstr(src.code)?;
     let file = cstr(src.file)?;
@@ -223,21 +256,34 @@ pub fn compile(spec: &KernelSpec, target: &str) -> Result<Compiled> {
         .collect::<Result<_>>()?;
     let header_texts: Vec<*const c_char> = headers.iter().map(|(t, _)| t.as_ptr()).collect();
     let header_names: Vec<*const c_char> = headers.iter().map(|(_, n)| n.as_ptr()).collect();
-    let options: Vec<CString> = spec.options(target, include.as_deref()).iter().map(|o| cstr(o)).collect::<Result<_>>()?;
+    let options: Vec<CString> = spec
+        .options(target, include.as_deref())
+        .iter()
+        .map(|o| cstr(o))
+        .collect::<Result<_>>()?;
     let option_ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
 
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: all strings are NUL-terminated and outlive the program; the header arrays have
     // `headers.len()` entries each.
     let r = unsafe {
-        sys::nvrtcCreateProgram(&mut prog, code.as_ptr(), file.as_ptr(), headers.len() as c_int, header_texts.as_ptr(), header_names.as_ptr())
+        sys::nvrtcCreateProgram(
+            &mut prog,
+            code.as_ptr(),
+            file.as_ptr(),
+            headers.len() as c_int,
+            header_texts.as_ptr(),
+            header_names.as_ptr(),
+        )
     };
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
         return Err(err(format!("nvrtcCreateProgram: {r:?}")));
     }
     let program = Program(prog);
     // SAFETY: `program` is a live program; the option array has `option_ptrs.len()` entries.
-    let compiled = unsafe { sys::nvrtcCompileProgram(program.0, option_ptrs.len() as c_int, option_ptrs.as_ptr()) };
+    let compiled = unsafe {
+        sys::nvrtcCompileProgram(program.0, option_ptrs.len() as c_int, option_ptrs.as_ptr())
+    };
     let log = program.log();
     if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
         return Err(err(log));
@@ -245,12 +291,14 @@ pub fn compile(spec: &KernelSpec, target: &str) -> Result<Compiled> {
     let image = if target.starts_with("sm_") {
         program.output(sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN)
     } else {
-        program.output(sys::nvrtcGetPTXSize, sys::nvrtcGetPTX).map(|mut p| {
-            while p.last() == Some(&0) {
-                p.pop();
-            }
-            p
-        })
+        program
+            .output(sys::nvrtcGetPTXSize, sys::nvrtcGetPTX)
+            .map(|mut p| {
+                while p.last() == Some(&0) {
+                    p.pop();
+                }
+                p
+            })
     }
     .map_err(|r| err(format!("reading the compiled image: {r:?}")))?;
     Ok(Compiled { image, log })
@@ -281,7 +329,12 @@ impl Program {
 
     fn log(&self) -> String {
         self.output(sys::nvrtcGetProgramLogSize, sys::nvrtcGetProgramLog)
-            .map(|b| String::from_utf8_lossy(&b).trim_end_matches('\0').trim().to_string())
+            .map(|b| {
+                String::from_utf8_lossy(&b)
+                    .trim_end_matches('\0')
+                    .trim()
+                    .to_string()
+            })
             .unwrap_or_default()
     }
 }
@@ -352,7 +405,9 @@ impl DiskCache {
     /// The entry for `key`: `Ok(None)` if absent, `Err(())` if present but corrupt or truncated.
     #[allow(clippy::result_unit_err)]
     pub fn load(&self, key: &str) -> std::result::Result<Option<Vec<u8>>, ()> {
-        let Ok(bytes) = std::fs::read(self.path(key)) else { return Ok(None) };
+        let Ok(bytes) = std::fs::read(self.path(key)) else {
+            return Ok(None);
+        };
         if bytes.len() < 24 || &bytes[..8] != MAGIC {
             return Err(());
         }
@@ -372,8 +427,13 @@ impl DiskCache {
             move |source| TkError::Io { path, source }
         };
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let tmp = self.dir.join(format!(".{key}.{}.{nanos}.tmp", std::process::id()));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let tmp = self
+            .dir
+            .join(format!(".{key}.{}.{nanos}.tmp", std::process::id()));
         let mut data = Vec::with_capacity(payload.len() + 24);
         data.extend_from_slice(MAGIC);
         data.extend_from_slice(&(payload.len() as u64).to_le_bytes());
@@ -389,7 +449,12 @@ impl DiskCache {
 }
 
 /// The CUBIN for `spec` on `arch` through `cache` (compiling on a miss or a corrupt entry).
-pub fn cubin_with_cache(spec: &KernelSpec, arch: &str, key: &str, cache: Option<&DiskCache>) -> Result<(Vec<u8>, CacheOutcome)> {
+pub fn cubin_with_cache(
+    spec: &KernelSpec,
+    arch: &str,
+    key: &str,
+    cache: Option<&DiskCache>,
+) -> Result<(Vec<u8>, CacheOutcome)> {
     let mut outcome = CacheOutcome::Miss;
     if let Some(c) = cache {
         match c.load(key) {
@@ -403,7 +468,9 @@ pub fn cubin_with_cache(spec: &KernelSpec, arch: &str, key: &str, cache: Option<
     if let Some(c) = cache {
         // A cache that can't be written (read-only home, full disk) must not fail the op.
         if let Err(e) = c.store(key, &compiled.image) {
-            warn_once(&format!("tile-kernels: kernel disk cache disabled for this entry: {e}"));
+            warn_once(&format!(
+                "tile-kernels: kernel disk cache disabled for this entry: {e}"
+            ));
         }
     }
     Ok((compiled.image, outcome))
@@ -421,7 +488,12 @@ fn warn_once(msg: &str) {
 /// Honours `TK_DUMP_SOURCE` and `TK_DUMP_PTX` (see the module docs).
 fn dump(spec: &KernelSpec, arch: &str, key: &str) -> Result<()> {
     let stem = format!("{}-{arch}-{}", spec.source().entry, &key[..12]);
-    let io = |path: PathBuf| move |source| TkError::Io { path: path.display().to_string(), source };
+    let io = |path: PathBuf| {
+        move |source| TkError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    };
     if let Some(dir) = std::env::var_os("TK_DUMP_SOURCE").map(PathBuf::from) {
         std::fs::create_dir_all(&dir).map_err(io(dir.clone()))?;
         let mut text = String::new();
@@ -448,7 +520,8 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 fn fnv1a64(data: &[u8], seed: u64) -> u64 {
-    data.iter().fold(seed, |h, &b| (h ^ b as u64).wrapping_mul(FNV_PRIME))
+    data.iter()
+        .fold(seed, |h, &b| (h ^ b as u64).wrapping_mul(FNV_PRIME))
 }
 
 /// Two independent FNV-1a 64 streams; fields are length-prefixed so concatenations can't collide.

@@ -30,15 +30,27 @@ impl Layout {
         for d in (0..shape.len().saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * shape[d + 1].max(1);
         }
-        Self { shape: shape.to_vec(), strides, offset: 0 }
+        Self {
+            shape: shape.to_vec(),
+            strides,
+            offset: 0,
+        }
     }
 
     /// An arbitrary layout (checked against a buffer only when a view is made of it).
     pub fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Self> {
         if shape.len() != strides.len() {
-            return Err(TkError::Stride { arg: "strides", expected: format!("one stride per dimension of shape {shape:?}"), got: strides });
+            return Err(TkError::Stride {
+                arg: "strides",
+                expected: format!("one stride per dimension of shape {shape:?}"),
+                got: strides,
+            });
         }
-        Ok(Self { shape, strides, offset })
+        Ok(Self {
+            shape,
+            strides,
+            offset,
+        })
     }
 
     /// The shape.
@@ -66,8 +78,12 @@ impl Layout {
         self.shape.iter().product()
     }
 
-    /// True if the elements are dense in row-major order (size-1 dimensions may have any stride).
+    /// True if the elements are dense in row-major order (size-1 dimensions may have any stride;
+    /// an empty layout is contiguous).
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expected = 1usize;
         for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
             if n != 1 && s != expected {
@@ -84,22 +100,44 @@ impl Layout {
         if self.numel() == 0 {
             return (self.offset, self.offset);
         }
-        let last: usize = self.shape.iter().zip(&self.strides).map(|(&n, &s)| (n - 1) * s).sum();
+        let last: usize = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(&n, &s)| (n - 1) * s)
+            .sum();
         (self.offset, self.offset + last + 1)
     }
 
     /// The buffer index of a multi-index (no bounds check).
     pub fn index(&self, idx: &[usize]) -> usize {
-        self.offset + idx.iter().zip(&self.strides).map(|(&i, &s)| i * s).sum::<usize>()
+        self.offset
+            + idx
+                .iter()
+                .zip(&self.strides)
+                .map(|(&i, &s)| i * s)
+                .sum::<usize>()
     }
 
     /// Restricts dimension `dim` to `start..start + len`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
         if dim >= self.rank() {
-            return Err(TkError::param("dim", format!("dimension {dim} out of range for rank {}", self.rank())));
+            return Err(TkError::param(
+                "dim",
+                format!("dimension {dim} out of range for rank {}", self.rank()),
+            ));
         }
-        if start.checked_add(len).is_none_or(|end| end > self.shape[dim]) {
-            return Err(TkError::param("start/len", format!("{start}..{start}+{len} exceeds size {} of dimension {dim}", self.shape[dim])));
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > self.shape[dim])
+        {
+            return Err(TkError::param(
+                "start/len",
+                format!(
+                    "{start}..{start}+{len} exceeds size {} of dimension {dim}",
+                    self.shape[dim]
+                ),
+            ));
         }
         let mut out = self.clone();
         out.offset += start * self.strides[dim];
@@ -110,9 +148,16 @@ impl Layout {
     /// Inserts a dimension of size 1 at `dim` (its stride is the next dimension's extent).
     pub fn unsqueeze(&self, dim: usize) -> Result<Self> {
         if dim > self.rank() {
-            return Err(TkError::param("dim", format!("cannot insert dimension {dim} into rank {}", self.rank())));
+            return Err(TkError::param(
+                "dim",
+                format!("cannot insert dimension {dim} into rank {}", self.rank()),
+            ));
         }
-        let stride = if dim < self.rank() { self.strides[dim] * self.shape[dim] } else { 1 };
+        let stride = if dim < self.rank() {
+            self.strides[dim] * self.shape[dim]
+        } else {
+            1
+        };
         let mut out = self.clone();
         out.shape.insert(dim, 1);
         out.strides.insert(dim, stride);
@@ -173,7 +218,11 @@ impl<T: Element> HostTensor<T> {
     pub fn from_vec(data: Vec<T>, shape: &[usize]) -> Result<Self> {
         let layout = Layout::contiguous(shape);
         if data.len() != layout.numel() {
-            return Err(TkError::Shape { arg: "data", expected: format!("{} elements for shape {shape:?}", layout.numel()), got: vec![data.len()] });
+            return Err(TkError::Shape {
+                arg: "data",
+                expected: format!("{} elements for shape {shape:?}", layout.numel()),
+                got: vec![data.len()],
+            });
         }
         Ok(Self { data, layout })
     }
@@ -181,7 +230,10 @@ impl<T: Element> HostTensor<T> {
     /// A tensor of `shape` filled with `f(flat_index)`.
     pub fn from_fn(shape: &[usize], f: impl FnMut(usize) -> T) -> Self {
         let layout = Layout::contiguous(shape);
-        Self { data: (0..layout.numel()).map(f).collect(), layout }
+        Self {
+            data: (0..layout.numel()).map(f).collect(),
+            layout,
+        }
     }
 
     /// The shape.
@@ -206,7 +258,10 @@ impl<T: Element> HostTensor<T> {
 
     /// A view of the whole tensor.
     pub fn view(&self) -> HostView<'_, T> {
-        HostView { data: &self.data, layout: self.layout.clone() }
+        HostView {
+            data: &self.data,
+            layout: self.layout.clone(),
+        }
     }
 }
 
@@ -236,7 +291,11 @@ impl<'a, T: Element> HostView<'a, T> {
 
     /// The element at a multi-index. Panics if out of bounds (test/reference convenience).
     pub fn at(&self, idx: &[usize]) -> T {
-        assert!(idx.len() == self.layout.rank() && idx.iter().zip(self.shape()).all(|(i, n)| i < n), "index {idx:?} out of bounds for {:?}", self.shape());
+        assert!(
+            idx.len() == self.layout.rank() && idx.iter().zip(self.shape()).all(|(i, n)| i < n),
+            "index {idx:?} out of bounds for {:?}",
+            self.shape()
+        );
         self.data[self.layout.index(idx)]
     }
 
@@ -258,7 +317,10 @@ impl<'a, T: Element> HostView<'a, T> {
 
     /// Restricts dimension `dim` to `start..start + len`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
-        Ok(Self { data: self.data, layout: self.layout.narrow(dim, start, len)? })
+        Ok(Self {
+            data: self.data,
+            layout: self.layout.narrow(dim, start, len)?,
+        })
     }
 
     /// The elements in row-major order of the logical index.
@@ -273,7 +335,10 @@ impl<'a, T: Element> HostView<'a, T> {
 
     /// A contiguous copy.
     pub fn to_tensor(&self) -> HostTensor<T> {
-        HostTensor { data: self.to_contiguous_vec(), layout: Layout::contiguous(self.shape()) }
+        HostTensor {
+            data: self.to_contiguous_vec(),
+            layout: Layout::contiguous(self.shape()),
+        }
     }
 }
 
@@ -288,7 +353,10 @@ pub struct DeviceTensor<T> {
 
 impl<T> std::fmt::Debug for DeviceTensor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceTensor").field("layout", &self.layout).field("buffer_len", &self.buf.len()).finish()
+        f.debug_struct("DeviceTensor")
+            .field("layout", &self.layout)
+            .field("buffer_len", &self.buf.len())
+            .finish()
     }
 }
 
@@ -324,12 +392,20 @@ impl<T: Element> DeviceTensor<T> {
 
     /// A view of the whole tensor.
     pub fn view(&self) -> DeviceView<'_, T> {
-        DeviceView { buf: &self.buf, layout: self.layout.clone(), dev: &self.dev }
+        DeviceView {
+            buf: &self.buf,
+            layout: self.layout.clone(),
+            dev: &self.dev,
+        }
     }
 
     /// A mutable view of the whole tensor.
     pub fn view_mut(&mut self) -> DeviceViewMut<'_, T> {
-        DeviceViewMut { buf: &mut self.buf, layout: self.layout.clone(), dev: &self.dev }
+        DeviceViewMut {
+            buf: &mut self.buf,
+            layout: self.layout.clone(),
+            dev: &self.dev,
+        }
     }
 
     /// Fills every byte of the backing buffer with `byte` (tests poison outputs with it).
@@ -354,7 +430,9 @@ pub struct DeviceView<'a, T> {
 
 impl<T> std::fmt::Debug for DeviceView<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceView").field("layout", &self.layout).finish()
+        f.debug_struct("DeviceView")
+            .field("layout", &self.layout)
+            .finish()
     }
 }
 
@@ -387,7 +465,11 @@ impl<'a, T: Element> DeviceView<'a, T> {
     /// The same buffer with another layout (validated against the buffer).
     pub fn with_layout(&self, layout: Layout) -> Result<Self> {
         layout.check_within("layout", self.buf.len())?;
-        Ok(Self { buf: self.buf, layout, dev: self.dev })
+        Ok(Self {
+            buf: self.buf,
+            layout,
+            dev: self.dev,
+        })
     }
 
     /// Restricts dimension `dim` to `start..start + len`.
@@ -410,7 +492,9 @@ pub struct DeviceViewMut<'a, T> {
 
 impl<T> std::fmt::Debug for DeviceViewMut<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceViewMut").field("layout", &self.layout).finish()
+        f.debug_struct("DeviceViewMut")
+            .field("layout", &self.layout)
+            .finish()
     }
 }
 
@@ -443,7 +527,11 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
     /// The same buffer with another layout (validated against the buffer).
     pub fn with_layout(self, layout: Layout) -> Result<Self> {
         layout.check_within("layout", self.buf.len())?;
-        Ok(Self { buf: self.buf, layout, dev: self.dev })
+        Ok(Self {
+            buf: self.buf,
+            layout,
+            dev: self.dev,
+        })
     }
 
     /// Restricts dimension `dim` to `start..start + len`.
@@ -461,6 +549,10 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
 
     /// Read-only view of the same elements.
     pub fn as_view(&self) -> DeviceView<'_, T> {
-        DeviceView { buf: self.buf, layout: self.layout.clone(), dev: self.dev }
+        DeviceView {
+            buf: self.buf,
+            layout: self.layout.clone(),
+            dev: self.dev,
+        }
     }
 }

@@ -14,7 +14,10 @@ use crate::tensor::{DeviceTensor, HostTensor};
 
 /// True when `TK_FULL_TEST` is `1`, `true` or `True` (the spec's full grid).
 pub fn full_test() -> bool {
-    matches!(std::env::var("TK_FULL_TEST").as_deref(), Ok("1") | Ok("true") | Ok("True"))
+    matches!(
+        std::env::var("TK_FULL_TEST").as_deref(),
+        Ok("1") | Ok("true") | Ok("True")
+    )
 }
 
 /// True when `TK_REQUIRE_GPU=1`.
@@ -41,8 +44,13 @@ pub fn gpu_or_skip(test: &str) -> Option<Device> {
 
 /// The spec's seed rule: base seed (`TK_SEED`, default 0) plus a hash of the case name.
 pub fn case_seed(case: &str) -> u64 {
-    let base: u64 = std::env::var("TK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let h = case.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let base: u64 = std::env::var("TK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let h = case.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
     base.wrapping_add(h)
 }
 
@@ -112,7 +120,9 @@ pub fn par_random_bits<T: Element>(shape: &[usize], seed: u64) -> HostTensor<T> 
             s.spawn(move || {
                 for (k, chunk) in part.chunks_mut(CHUNK).enumerate() {
                     let mut rng = Rng::new(seed.wrapping_add((t * per_thread / CHUNK + k) as u64));
-                    chunk.iter_mut().for_each(|e| *e = T::from_bits_u64(rng.next_u64()));
+                    chunk
+                        .iter_mut()
+                        .for_each(|e| *e = T::from_bits_u64(rng.next_u64()));
                 }
             });
         }
@@ -131,21 +141,44 @@ pub fn poison<T: Element>(t: &mut DeviceTensor<T>) -> Result<()> {
 
 /// Panics with the first mismatches (up to 8) unless `actual` and `expected` are bit-identical.
 pub fn assert_bits_eq<T: Element>(what: &str, actual: &[T], expected: &[T]) {
-    assert_eq!(actual.len(), expected.len(), "{what}: length {} != expected {}", actual.len(), expected.len());
-    let bad: Vec<usize> = (0..actual.len()).filter(|&i| actual[i].to_bits_u64() != expected[i].to_bits_u64()).collect();
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{what}: length {} != expected {}",
+        actual.len(),
+        expected.len()
+    );
+    let bad: Vec<usize> = (0..actual.len())
+        .filter(|&i| actual[i].to_bits_u64() != expected[i].to_bits_u64())
+        .collect();
     if !bad.is_empty() {
         let shown: Vec<String> = bad
             .iter()
             .take(8)
-            .map(|&i| format!("[{i}] got {:?} (bits {:#x}) expected {:?} (bits {:#x})", actual[i], actual[i].to_bits_u64(), expected[i], expected[i].to_bits_u64()))
+            .map(|&i| {
+                format!(
+                    "[{i}] got {:?} (bits {:#x}) expected {:?} (bits {:#x})",
+                    actual[i],
+                    actual[i].to_bits_u64(),
+                    expected[i],
+                    expected[i].to_bits_u64()
+                )
+            })
             .collect();
-        panic!("{what}: {} of {} elements differ; first: {}", bad.len(), actual.len(), shown.join(", "));
+        panic!(
+            "{what}: {} of {} elements differ; first: {}",
+            bad.len(),
+            actual.len(),
+            shown.join(", ")
+        );
     }
 }
 
 /// The spec's `calc_diff`: in f64, `1 − 2·Σxy / Σ(x² + y²)`, or 0 when the denominator is 0.
 pub fn calc_diff(x: &[f64], y: &[f64]) -> f64 {
-    let (num, den) = x.iter().zip(y).fold((0.0, 0.0), |(n, d), (&a, &b)| (n + a * b, d + a * a + b * b));
+    let (num, den) = x.iter().zip(y).fold((0.0, 0.0), |(n, d), (&a, &b)| {
+        (n + a * b, d + a * a + b * b)
+    });
     if den == 0.0 {
         0.0
     } else {
@@ -170,5 +203,8 @@ pub fn generate_num_tokens(alignment: usize, is_benchmark: bool) -> Vec<usize> {
 
 /// The spec's hidden sizes divisible by `align`: from {576, 2048, 2560, 3072, 4096, 6144, 7168}.
 pub fn generate_hidden_sizes(align: usize) -> Vec<usize> {
-    [576, 2048, 2560, 3072, 4096, 6144, 7168].into_iter().filter(|h| h % align == 0).collect()
+    [576, 2048, 2560, 3072, 4096, 6144, 7168]
+        .into_iter()
+        .filter(|h| h % align == 0)
+        .collect()
 }

@@ -4,12 +4,12 @@
 //   TK_ELEM_BYTES  1, 2 or 4
 //   TK_VEC         1: register-transpose path (needs 16-byte aligned rows, X and Y multiples of
 //                     V = 16 / TK_ELEM_BYTES); 0: generic shared-memory path, any sizes/strides.
+//   TK_LANES_Y, TK_CHUNKS   (vector path) warp shape and chunks per thread, see below.
 //
-// Vector path: each thread owns one V x V chunk. It loads V input rows of 16 bytes (lanes of a
-// warp read consecutive 16-byte pieces of the same rows: coalesced), transposes the chunk in
-// registers with byte permutes, and stores V output rows of 16 bytes. The warps of a block
-// (threadIdx.y) take consecutive x chunks, so each output row receives blockDim.y * 16
-// contiguous bytes from one block. No shared memory, V independent 16-byte loads in flight.
+// Vector path: each thread owns TK_CHUNKS V x V chunks. It loads V input rows of 16 bytes per
+// chunk, transposes each chunk in registers with byte permutes, and stores V output rows of
+// 16 bytes. Every warp access covers whole 32-byte sectors (at least 64 contiguous bytes per
+// row). No shared memory; TK_CHUNKS * V independent 16-byte loads in flight per thread.
 #include "tk/common.cuh"
 
 #ifndef TK_ELEM_BYTES
@@ -58,28 +58,60 @@ __device__ __forceinline__ void transpose_chunk(const uint4 (&r)[V], uint4 (&o)[
 #endif
 }
 
+#ifndef TK_LANES_Y
+#error "TK_LANES_Y (lanes of a warp along y-chunks) must be defined for the vector path"
+#endif
+#ifndef TK_CHUNKS
+#error "TK_CHUNKS (chunks per thread along x) must be defined for the vector path"
+#endif
+
+constexpr u32 LY = TK_LANES_Y, LX = 32 / TK_LANES_Y;  // warp shape: LY lanes along y, LX along x
+
 // out: (B, Y, X) contiguous; in: (B, X, Y) with row stride `ld` and batch stride `bs` (elements).
-// Grid: x -> chunk columns (y / V) in groups of blockDim.x, y -> chunk rows (x / V) in groups of
-// blockDim.y, z -> batch; every dimension loops so any size fits the grid limits.
+// Block: 1-D, 32 * warps_y * warps_x threads; the warps form a warps_y x warps_x grid and each
+// thread handles TK_CHUNKS chunks along x, so one block tile is
+// (TK_CHUNKS * LX * warps_x) x (LY * warps_y) chunks. A load instruction of a warp reads LX
+// input rows x LY * 16 contiguous bytes, a store writes LY output rows x LX * 16 bytes.
+// Grid: x -> tiles along x (consecutive blocks write adjacent pieces of the same output rows),
+// y -> tiles along y, z -> batch; every dimension loops, so any size fits the grid limits.
 extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
                                                                        const elem_t* __restrict__ in,
                                                                        u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs) {
+                                                                       u64 ld, u64 bs, u32 warps_y) {
     const u32 ncx = X / V, ncy = Y / V;  // chunks along x (input rows) and y (input columns)
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u32 warps_x = blockDim.x / 32 / warps_y;
+    const u32 step_cx = LX * warps_x;                                  // x-chunks per chunk set
+    const u32 tile_cy = LY * warps_y, tile_cx = TK_CHUNKS * step_cx;  // tile size in chunks
+    const u32 oy = (warp % warps_y) * LY + lane % LY, ox = (warp / warps_y) * LX + lane / LY;  // chunk in tile
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
-        const elem_t* src = in + (u64)b * bs;           // (X, Y) stride (ld, 1)
-        elem_t* dst = out + (u64)b * X * Y;             // (Y, X) contiguous
-        for (u32 cx = blockIdx.y * blockDim.y + threadIdx.y; cx < ncx; cx += gridDim.y * blockDim.y) {
-            for (u32 cy = blockIdx.x * blockDim.x + threadIdx.x; cy < ncy; cy += gridDim.x * blockDim.x) {
-                uint4 r[V];  // (V input rows, V elements): rows cx*V.., columns cy*V..
+        const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
+        elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
+        for (u32 ty = blockIdx.y; ty * tile_cy < ncy; ty += gridDim.y) {
+            const u32 cy = ty * tile_cy + oy;
+            for (u32 tx = blockIdx.x; tx * tile_cx < ncx; tx += gridDim.x) {
+                if (cy >= ncy) continue;
+                uint4 r[TK_CHUNKS][V];  // per chunk: (V input rows, V elements)
 #pragma unroll
-                for (int i = 0; i < V; ++i)
-                    r[i] = __ldg(reinterpret_cast<const uint4*>(src + (u64)(cx * V + i) * ld + (u64)cy * V));
-                uint4 o[V];  // (V output rows, V elements): rows cy*V.., columns cx*V..
-                transpose_chunk(r, o);
+                for (int k = 0; k < TK_CHUNKS; ++k) {
+                    const u32 cx = tx * tile_cx + k * step_cx + ox;
+                    if (cx < ncx) {
 #pragma unroll
-                for (int j = 0; j < V; ++j)
-                    *reinterpret_cast<uint4*>(dst + (u64)(cy * V + j) * X + (u64)cx * V) = o[j];
+                        for (int i = 0; i < V; ++i)
+                            r[k][i] = __ldg(reinterpret_cast<const uint4*>(src + (u64)(cx * V + i) * ld + (u64)cy * V));
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < TK_CHUNKS; ++k) {
+                    const u32 cx = tx * tile_cx + k * step_cx + ox;
+                    if (cx < ncx) {
+                        uint4 o[V];  // (V output rows, V elements): rows cy*V.., columns cx*V..
+                        transpose_chunk(r[k], o);
+#pragma unroll
+                        for (int j = 0; j < V; ++j)
+                            *reinterpret_cast<uint4*>(dst + (u64)(cy * V + j) * X + (u64)cx * V) = o[j];
+                    }
+                }
             }
         }
     }
@@ -93,7 +125,7 @@ constexpr int T = 32;  // tile edge (elements); 32 x 8 threads, each moves 4 ele
 extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
                                                                        const elem_t* __restrict__ in,
                                                                        u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs) {
+                                                                       u64 ld, u64 bs, u32 /*warps_y*/) {
     __shared__ elem_t tile[T][T + 1];  // (x in tile, y in tile), padded against bank conflicts
     const u32 ntx = (X + T - 1) / T, nty = (Y + T - 1) / T;
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {

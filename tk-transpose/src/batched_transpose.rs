@@ -26,7 +26,10 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use tk_core::error::DriverContext;
-use tk_core::{DType, Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Layout, Result, TkError};
+use tk_core::{
+    DType, Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec,
+    Layout, Result, TkError,
+};
 
 static SOURCE: KernelSource = KernelSource {
     file: "batched_transpose.cu",
@@ -67,31 +70,68 @@ pub(crate) fn check_dtype(dt: DType) -> Result<()> {
 pub(crate) fn geometry(dt: DType, layout: &Layout, rank: usize) -> Result<Geometry> {
     check_dtype(dt)?;
     if layout.rank() != rank {
-        let expected = if rank == 2 { "rank 2 (X, Y)" } else { "rank 3 (B, X, Y)" };
-        return Err(TkError::Shape { arg: "x", expected: expected.into(), got: layout.shape().to_vec() });
+        let expected = if rank == 2 {
+            "rank 2 (X, Y)"
+        } else {
+            "rank 3 (B, X, Y)"
+        };
+        return Err(TkError::Shape {
+            arg: "x",
+            expected: expected.into(),
+            got: layout.shape().to_vec(),
+        });
     }
     let (shape, strides) = (layout.shape(), layout.strides());
-    let (b, x, y) = if rank == 2 { (1, shape[0], shape[1]) } else { (shape[0], shape[1], shape[2]) };
+    let (b, x, y) = if rank == 2 {
+        (1, shape[0], shape[1])
+    } else {
+        (shape[0], shape[1], shape[2])
+    };
     if y > 1 && strides[rank - 1] != 1 {
-        return Err(TkError::Stride { arg: "x", expected: "the last dimension must be contiguous (stride 1)".into(), got: strides.to_vec() });
+        return Err(TkError::Stride {
+            arg: "x",
+            expected: "the last dimension must be contiguous (stride 1)".into(),
+            got: strides.to_vec(),
+        });
     }
-    for (name, v) in [("x.shape[batch]", b), ("x.shape[-2]", x), ("x.shape[-1]", y)] {
+    for (name, v) in [
+        ("x.shape[batch]", b),
+        ("x.shape[-2]", x),
+        ("x.shape[-1]", y),
+    ] {
         if v > u32::MAX as usize {
-            return Err(TkError::param(name, format!("{v} exceeds the supported maximum {}", u32::MAX)));
+            return Err(TkError::param(
+                name,
+                format!("{v} exceeds the supported maximum {}", u32::MAX),
+            ));
         }
     }
     let ld = strides[rank - 2];
     let bs = if rank == 3 { strides[0] } else { 0 };
-    Ok(Geometry { batches: b, x, y, ld, bs })
+    Ok(Geometry {
+        batches: b,
+        x,
+        y,
+        ld,
+        bs,
+    })
 }
 
 /// Checks that `out` has shape `expected` and is contiguous.
 pub(crate) fn check_out(layout: &Layout, expected: &[usize]) -> Result<()> {
     if layout.shape() != expected {
-        return Err(TkError::Shape { arg: "out", expected: format!("{expected:?} (x's shape with the last two dimensions swapped)"), got: layout.shape().to_vec() });
+        return Err(TkError::Shape {
+            arg: "out",
+            expected: format!("{expected:?} (x's shape with the last two dimensions swapped)"),
+            got: layout.shape().to_vec(),
+        });
     }
     if !layout.is_contiguous() {
-        return Err(TkError::Stride { arg: "out", expected: "a contiguous (row-major) output".into(), got: layout.strides().to_vec() });
+        return Err(TkError::Stride {
+            arg: "out",
+            expected: "a contiguous (row-major) output".into(),
+            got: layout.strides().to_vec(),
+        });
     }
     Ok(())
 }
@@ -105,12 +145,23 @@ fn out_shape(layout: &Layout) -> Vec<usize> {
 
 /// The kernel specialisation for element size `elem_bytes` and path (`vec`: register path).
 pub fn kernel_spec(elem_bytes: usize, vec: bool) -> KernelSpec {
-    KernelSpec::new(&SOURCE).define("TK_ELEM_BYTES", elem_bytes).define("TK_VEC", vec as u8)
+    let spec = KernelSpec::new(&SOURCE)
+        .define("TK_ELEM_BYTES", elem_bytes)
+        .define("TK_VEC", vec as u8);
+    if vec {
+        let (ly, chunks) = vec_tiling(elem_bytes);
+        spec.define("TK_LANES_Y", ly).define("TK_CHUNKS", chunks)
+    } else {
+        spec
+    }
 }
 
 /// Every specialisation this crate can launch (for compile checks and [`prewarm`]).
 pub fn registered_kernels() -> Vec<KernelSpec> {
-    [1, 2, 4].into_iter().flat_map(|e| [kernel_spec(e, true), kernel_spec(e, false)]).collect()
+    [1, 2, 4]
+        .into_iter()
+        .flat_map(|e| [kernel_spec(e, true), kernel_spec(e, false)])
+        .collect()
 }
 
 /// Compiles (or loads from the disk cache) every transpose kernel on `dev`, e.g. before
@@ -131,7 +182,10 @@ pub fn batched_transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTens
 }
 
 /// [`batched_transpose`] into a caller-provided contiguous `out` of shape `(B, Y, X)`.
-pub fn batched_transpose_into<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>) -> Result<()> {
+pub fn batched_transpose_into<T: Element>(
+    x: &DeviceView<'_, T>,
+    out: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
     launch(x, out, 3)
 }
 
@@ -145,16 +199,26 @@ pub fn transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
 }
 
 /// [`transpose`] into a caller-provided contiguous `out` of shape `(Y, X)`.
-pub fn transpose_into<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>) -> Result<()> {
+pub fn transpose_into<T: Element>(
+    x: &DeviceView<'_, T>,
+    out: &mut DeviceViewMut<'_, T>,
+) -> Result<()> {
     launch(x, out, 2)
 }
 
-fn launch<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>, rank: usize) -> Result<()> {
+fn launch<T: Element>(
+    x: &DeviceView<'_, T>,
+    out: &mut DeviceViewMut<'_, T>,
+    rank: usize,
+) -> Result<()> {
     let g = geometry(T::DTYPE, x.layout(), rank)?;
     check_out(out.layout(), &out_shape(x.layout()))?;
     let dev = x.device();
     if !dev.same_device(out.device()) {
-        return Err(TkError::Placement { arg: "out", msg: "must be on the same device as x".into() });
+        return Err(TkError::Placement {
+            arg: "out",
+            msg: "must be on the same device as x".into(),
+        });
     }
     if g.is_empty() {
         return Ok(());
@@ -168,11 +232,28 @@ fn launch<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>, ran
         && g.y % v == 0
         && g.ld % v == 0
         && (g.batches == 1 || g.bs % v == 0);
-    let cfg = if vec { vec_config(&g, v, dev.props().sm_count as usize) } else { generic_config(&g) };
+    let (cfg, warps_y) = if vec {
+        vec_config(&g, v, dev.props().sm_count as usize)
+    } else {
+        (generic_config(&g), 1)
+    };
     let f = dev.function(&kernel_spec(e, vec))?;
-    let (batches, xs, ys, ld, bs) = (g.batches as u32, g.x as u32, g.y as u32, g.ld as u64, g.bs as u64);
+    let (batches, xs, ys, ld, bs) = (
+        g.batches as u32,
+        g.x as u32,
+        g.y as u32,
+        g.ld as u64,
+        g.bs as u64,
+    );
     let mut l = dev.stream().launch_builder(&f);
-    l.arg(&out_addr).arg(&x_addr).arg(&batches).arg(&xs).arg(&ys).arg(&ld).arg(&bs);
+    l.arg(&out_addr)
+        .arg(&x_addr)
+        .arg(&batches)
+        .arg(&xs)
+        .arg(&ys)
+        .arg(&ld)
+        .arg(&bs)
+        .arg(&warps_y);
     // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
     // x's and out's buffers (views are bounds-checked at creation; the kernel reads
     // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only), the vector path is
@@ -181,24 +262,55 @@ fn launch<T: Element>(x: &DeviceView<'_, T>, out: &mut DeviceViewMut<'_, T>, ran
     Ok(())
 }
 
-/// Launch shape of the register path: lanes along y-chunks chosen to waste the fewest lanes,
-/// smaller blocks when the problem would not fill the device twice over.
-fn vec_config(g: &Geometry, v: usize, sms: usize) -> LaunchConfig {
-    let (ncx, ncy) = (g.x / v, g.y / v);
-    let lanes_y = [32usize, 16, 8, 4, 2, 1].into_iter().min_by_key(|&l| (ncy.div_ceil(l) * l - ncy, usize::MAX - l)).unwrap_or(32);
-    let threads = if ncx * ncy * g.batches < 2 * sms * 256 { 64 } else { 256 };
-    let lanes_x = (threads / lanes_y).max(1);
-    LaunchConfig {
-        grid_dim: (ncy.div_ceil(lanes_y).min(i32::MAX as usize) as u32, ncx.div_ceil(lanes_x).min(65535) as u32, g.batches.min(65535) as u32),
-        block_dim: (lanes_y as u32, lanes_x as u32, 1),
-        shared_mem_bytes: 0,
+/// Tiling of the register path for an element size: `(lanes of a warp along y, chunks per
+/// thread along x)`. Measured on an H200 (see the bench): 1-byte elements do best with 4 × 8
+/// warps and one 16 × 16 chunk per thread (two would need 128 data registers); 2- and 4-byte
+/// elements with 8 × 4 warps and two chunks per thread.
+pub(crate) fn vec_tiling(elem_bytes: usize) -> (usize, usize) {
+    if elem_bytes == 1 {
+        (4, 1)
+    } else {
+        (8, 2)
     }
+}
+
+/// Launch shape of the register path: `(config, warps_y)`. Blocks of 8 warps (4 along y), or
+/// 2 warps when the problem would not fill the device twice over; `warps_y` shrinks where that
+/// wastes fewer lanes at the right edge.
+fn vec_config(g: &Geometry, v: usize, sms: usize) -> (LaunchConfig, u32) {
+    let (ly, chunks) = vec_tiling(16 / v);
+    let lx = 32 / ly;
+    let (ncx, ncy) = (g.x / v, g.y / v);
+    let warps = if ncx * ncy * g.batches < 2 * sms * 256 * chunks {
+        2
+    } else {
+        8
+    };
+    let warps_y = [4usize.min(warps), 2, 1]
+        .into_iter()
+        .min_by_key(|&w| ncy.div_ceil(ly * w) * ly * w - ncy)
+        .unwrap_or(1);
+    let warps_x = warps / warps_y;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            ncx.div_ceil(lx * warps_x * chunks).min(i32::MAX as usize) as u32,
+            ncy.div_ceil(ly * warps_y).min(65535) as u32,
+            g.batches.min(65535) as u32,
+        ),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, warps_y as u32)
 }
 
 /// Launch shape of the shared-memory path: one 32 × 32 tile per block of 32 × 8 threads.
 fn generic_config(g: &Geometry) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (g.y.div_ceil(32).min(i32::MAX as usize) as u32, g.x.div_ceil(32).min(65535) as u32, g.batches.min(65535) as u32),
+        grid_dim: (
+            g.y.div_ceil(32).min(i32::MAX as usize) as u32,
+            g.x.div_ceil(32).min(65535) as u32,
+            g.batches.min(65535) as u32,
+        ),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     }

@@ -21,4 +21,7 @@ pub mod batched_transpose;
 #[cfg(feature = "cpu")]
 pub mod reference;
 
-pub use batched_transpose::{batched_transpose, batched_transpose_into, prewarm, registered_kernels, transpose, transpose_into};
+pub use batched_transpose::{
+    batched_transpose, batched_transpose_into, prewarm, registered_kernels, transpose,
+    transpose_into,
+};

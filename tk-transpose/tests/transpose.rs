@@ -10,15 +10,25 @@
 
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
-use tk_core::testing::{assert_bits_eq, case_seed, generate_hidden_sizes, generate_num_tokens, gpu_or_skip, par_random_bits, poison};
+use tk_core::testing::{
+    assert_bits_eq, case_seed, generate_hidden_sizes, generate_num_tokens, gpu_or_skip,
+    par_random_bits, poison,
+};
 use tk_core::{Device, DeviceView, Element, HostTensor, HostView, TkError};
-use tk_transpose::{batched_transpose, batched_transpose_into, reference, transpose, transpose_into};
+use tk_transpose::{
+    batched_transpose, batched_transpose_into, reference, transpose, transpose_into,
+};
 
 /// Runs `transpose`/`batched_transpose` (per the view's rank) on the device copy of `view` and
 /// compares with the CPU reference bit for bit. `buf` is the backing host tensor of `view`.
 fn check_on_gpu<T: Element>(dev: &Device, case: &str, buf: &HostTensor<T>, view: &HostView<'_, T>) {
     let rank = view.layout().rank();
-    let expected = if rank == 2 { reference::transpose(view) } else { reference::batched_transpose(view) }.unwrap();
+    let expected = if rank == 2 {
+        reference::transpose(view)
+    } else {
+        reference::batched_transpose(view)
+    }
+    .unwrap();
     let dbuf = dev.upload(buf).unwrap();
     let dview: DeviceView<'_, T> = dbuf.view().with_layout(view.layout().clone()).unwrap();
     let mut out = dev.alloc::<T>(expected.shape()).unwrap();
@@ -32,8 +42,17 @@ fn check_on_gpu<T: Element>(dev: &Device, case: &str, buf: &HostTensor<T>, view:
     assert_eq!(got.shape(), expected.shape(), "{case}: shape");
     assert_bits_eq(case, got.as_slice(), expected.as_slice());
     // The allocating form gives the same bits.
-    let alloc = if rank == 2 { transpose(&dview) } else { batched_transpose(&dview) }.unwrap();
-    assert_bits_eq(&format!("{case} (allocating)"), alloc.to_host().unwrap().as_slice(), expected.as_slice());
+    let alloc = if rank == 2 {
+        transpose(&dview)
+    } else {
+        batched_transpose(&dview)
+    }
+    .unwrap();
+    assert_bits_eq(
+        &format!("{case} (allocating)"),
+        alloc.to_host().unwrap().as_slice(),
+        expected.as_slice(),
+    );
 }
 
 fn spec_grid_transpose<T: Element>(dev: &Device, dtype: &str) {
@@ -67,26 +86,34 @@ fn spec_grid_batched<T: Element>(dev: &Device, dtype: &str) {
 
 #[test]
 fn gpu_transpose_spec_grid() {
-    let Some(dev) = gpu_or_skip("gpu_transpose_spec_grid") else { return };
+    let Some(dev) = gpu_or_skip("gpu_transpose_spec_grid") else {
+        return;
+    };
     spec_grid_transpose::<F8E4M3>(&dev, "e4m3");
     spec_grid_transpose::<bf16>(&dev, "bf16");
 }
 
 #[test]
 fn gpu_batched_transpose_spec_grid_e4m3() {
-    let Some(dev) = gpu_or_skip("gpu_batched_transpose_spec_grid_e4m3") else { return };
+    let Some(dev) = gpu_or_skip("gpu_batched_transpose_spec_grid_e4m3") else {
+        return;
+    };
     spec_grid_batched::<F8E4M3>(&dev, "e4m3");
 }
 
 #[test]
 fn gpu_batched_transpose_spec_grid_bf16() {
-    let Some(dev) = gpu_or_skip("gpu_batched_transpose_spec_grid_bf16") else { return };
+    let Some(dev) = gpu_or_skip("gpu_batched_transpose_spec_grid_bf16") else {
+        return;
+    };
     spec_grid_batched::<bf16>(&dev, "bf16");
 }
 
 #[test]
 fn gpu_batched_transpose_spec_grid_fp32() {
-    let Some(dev) = gpu_or_skip("gpu_batched_transpose_spec_grid_fp32") else { return };
+    let Some(dev) = gpu_or_skip("gpu_batched_transpose_spec_grid_fp32") else {
+        return;
+    };
     spec_grid_batched::<f32>(&dev, "fp32");
 }
 
@@ -107,7 +134,7 @@ const OFF_GRID_2D: &[(usize, usize, usize, usize)] = &[
     (100_003, 1, 1, 0),
     (0, 5, 5, 0),
     (5, 0, 3, 0),
-    (2_200_000, 4, 4, 0),  // more row chunks than one grid dimension holds (grid loops)
+    (2_200_000, 4, 4, 0), // more row chunks than one grid dimension holds (grid loops)
     (2_200_000, 3, 3, 0),
 ];
 
@@ -134,7 +161,8 @@ const OFF_GRID_3D: &[(usize, usize, usize, usize)] = &[
 
 fn off_grid_3d<T: Element>(dev: &Device, dtype: &str) {
     for &(b, x, y, rows) in OFF_GRID_3D {
-        let case = format!("batched_transpose off-grid B={b} X={x} Y={y} rows/batch={rows} {dtype}");
+        let case =
+            format!("batched_transpose off-grid B={b} X={x} Y={y} rows/batch={rows} {dtype}");
         let buf = par_random_bits::<T>(&[b, rows, y], case_seed(&case));
         let view = buf.view().narrow(1, 0, x).unwrap();
         check_on_gpu(dev, &case, &buf, &view);
@@ -143,7 +171,9 @@ fn off_grid_3d<T: Element>(dev: &Device, dtype: &str) {
 
 #[test]
 fn gpu_transpose_off_grid() {
-    let Some(dev) = gpu_or_skip("gpu_transpose_off_grid") else { return };
+    let Some(dev) = gpu_or_skip("gpu_transpose_off_grid") else {
+        return;
+    };
     off_grid_2d::<F8E4M3>(&dev, "e4m3");
     off_grid_2d::<F8E5M2>(&dev, "e5m2");
     off_grid_2d::<bf16>(&dev, "bf16");
@@ -158,30 +188,61 @@ fn gpu_transpose_off_grid() {
 
 #[test]
 fn gpu_transpose_rejects_bad_input() {
-    let Some(dev) = gpu_or_skip("gpu_transpose_rejects_bad_input") else { return };
+    let Some(dev) = gpu_or_skip("gpu_transpose_rejects_bad_input") else {
+        return;
+    };
     let x = dev.upload(&par_random_bits::<bf16>(&[4, 6], 1)).unwrap();
     // rank
-    assert!(matches!(batched_transpose(&x.view()), Err(TkError::Shape { arg: "x", .. })));
+    assert!(matches!(
+        batched_transpose(&x.view()),
+        Err(TkError::Shape { arg: "x", .. })
+    ));
     // output shape and layout
     let mut wrong = dev.alloc::<bf16>(&[4, 6]).unwrap();
-    assert!(matches!(transpose_into(&x.view(), &mut wrong.view_mut()), Err(TkError::Shape { arg: "out", .. })));
+    assert!(matches!(
+        transpose_into(&x.view(), &mut wrong.view_mut()),
+        Err(TkError::Shape { arg: "out", .. })
+    ));
     let mut wide = dev.alloc::<bf16>(&[6, 8]).unwrap();
     let strided = wide.view_mut().narrow(1, 0, 4).unwrap();
     let mut strided = strided;
-    assert!(matches!(transpose_into(&x.view(), &mut strided), Err(TkError::Stride { arg: "out", .. })));
+    assert!(matches!(
+        transpose_into(&x.view(), &mut strided),
+        Err(TkError::Stride { arg: "out", .. })
+    ));
     // dtype
     let i64s = dev.upload(&par_random_bits::<i64>(&[4, 4], 2)).unwrap();
-    assert!(matches!(transpose(&i64s.view()), Err(TkError::Dtype { arg: "x", .. })));
-    let fp4 = dev.upload(&par_random_bits::<tk_core::dtype::E2M1x2>(&[4, 4], 3)).unwrap();
-    assert!(matches!(transpose(&fp4.view()), Err(TkError::Dtype { arg: "x", .. })));
+    assert!(matches!(
+        transpose(&i64s.view()),
+        Err(TkError::Dtype { arg: "x", .. })
+    ));
+    let fp4 = dev
+        .upload(&par_random_bits::<tk_core::dtype::E2M1x2>(&[4, 4], 3))
+        .unwrap();
+    assert!(matches!(
+        transpose(&fp4.view()),
+        Err(TkError::Dtype { arg: "x", .. })
+    ));
     // strides: last dimension not contiguous
-    let col = x.view().with_layout(tk_core::Layout::new(vec![3, 3], vec![1, 2], 0).unwrap()).unwrap();
-    assert!(matches!(transpose(&col), Err(TkError::Stride { arg: "x", .. })));
+    let col = x
+        .view()
+        .with_layout(tk_core::Layout::new(vec![3, 3], vec![1, 2], 0).unwrap())
+        .unwrap();
+    assert!(matches!(
+        transpose(&col),
+        Err(TkError::Stride { arg: "x", .. })
+    ));
     // sizes beyond the kernel's 32-bit index range (a stride-0 view of one row)
-    let huge = x.view().with_layout(tk_core::Layout::new(vec![1usize << 33, 6], vec![0, 1], 0).unwrap()).unwrap();
+    let huge = x
+        .view()
+        .with_layout(tk_core::Layout::new(vec![1usize << 33, 6], vec![0, 1], 0).unwrap())
+        .unwrap();
     assert!(matches!(transpose(&huge), Err(TkError::Param { .. })));
     // a view reaching outside its buffer can't even be made
-    assert!(x.view().with_layout(tk_core::Layout::new(vec![5, 6], vec![6, 1], 0).unwrap()).is_err());
+    assert!(x
+        .view()
+        .with_layout(tk_core::Layout::new(vec![5, 6], vec![6, 1], 0).unwrap())
+        .is_err());
     // empty input is allowed and gives an empty output
     let empty = dev.alloc::<bf16>(&[0, 6]).unwrap();
     assert_eq!(transpose(&empty.view()).unwrap().shape(), &[6, 0]);
@@ -198,12 +259,18 @@ fn reference_matches_definition() {
     for b in 0..2 {
         for j in 0..3 {
             for i in 0..3 {
-                assert_eq!(t.as_slice()[(b * 3 + j) * 3 + i], (b * 15 + i * 5 + j + 1) as i32);
+                assert_eq!(
+                    t.as_slice()[(b * 3 + j) * 3 + i],
+                    (b * 15 + i * 5 + j + 1) as i32
+                );
             }
         }
     }
     let m = HostTensor::<u8>::from_fn(&[2, 3], |i| i as u8);
-    assert_eq!(reference::transpose(&m.view()).unwrap().as_slice(), &[0, 3, 1, 4, 2, 5]);
+    assert_eq!(
+        reference::transpose(&m.view()).unwrap().as_slice(),
+        &[0, 3, 1, 4, 2, 5]
+    );
 }
 
 #[test]
@@ -217,11 +284,23 @@ fn reference_transpose_twice_is_identity_on_large_random_input() {
 #[test]
 fn reference_rejects_bad_input() {
     let x = HostTensor::<f32>::from_fn(&[2, 3], |i| i as f32);
-    assert!(matches!(reference::batched_transpose(&x.view()), Err(TkError::Shape { arg: "x", .. })));
-    let c = x.view().with_layout(tk_core::Layout::new(vec![3, 2], vec![1, 3], 0).unwrap()).unwrap();
-    assert!(matches!(reference::transpose(&c), Err(TkError::Stride { arg: "x", .. })));
+    assert!(matches!(
+        reference::batched_transpose(&x.view()),
+        Err(TkError::Shape { arg: "x", .. })
+    ));
+    let c = x
+        .view()
+        .with_layout(tk_core::Layout::new(vec![3, 2], vec![1, 3], 0).unwrap())
+        .unwrap();
+    assert!(matches!(
+        reference::transpose(&c),
+        Err(TkError::Stride { arg: "x", .. })
+    ));
     let l = HostTensor::<i64>::from_fn(&[2, 2], |i| i as i64);
-    assert!(matches!(reference::transpose(&l.view()), Err(TkError::Dtype { .. })));
+    assert!(matches!(
+        reference::transpose(&l.view()),
+        Err(TkError::Dtype { .. })
+    ));
     let e = HostTensor::<f32>::from_vec(vec![], &[0, 4]).unwrap();
     assert_eq!(reference::transpose(&e.view()).unwrap().shape(), &[4, 0]);
 }

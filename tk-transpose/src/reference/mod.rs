@@ -22,12 +22,17 @@ fn transpose_impl<T: Element>(x: &HostView<'_, T>, rank: usize) -> Result<HostTe
     let mut out = vec![T::default(); g.batches * g.x * g.y];
     if !g.is_empty() {
         // Output rows (b, j) are independent: hand contiguous runs of them to threads.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(out.len().div_ceil(1 << 20)).max(1);
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(out.len().div_ceil(1 << 20))
+            .max(1);
         let rows_per_thread = (g.batches * g.y).div_ceil(threads);
         let data = x.raw_data();
         std::thread::scope(|s| {
             for (t, chunk) in out.chunks_mut(rows_per_thread * g.x).enumerate() {
-                s.spawn(move || fill_rows(data, x.layout().offset(), &g, t * rows_per_thread, chunk));
+                s.spawn(move || {
+                    fill_rows(data, x.layout().offset(), &g, t * rows_per_thread, chunk)
+                });
             }
         });
     }
@@ -35,7 +40,13 @@ fn transpose_impl<T: Element>(x: &HostView<'_, T>, rank: usize) -> Result<HostTe
 }
 
 /// Writes output rows `first_row..` (row r = batch r / Y, column j = r % Y) into `chunk`.
-fn fill_rows<T: Element>(data: &[T], offset: usize, g: &Geometry, first_row: usize, chunk: &mut [T]) {
+fn fill_rows<T: Element>(
+    data: &[T],
+    offset: usize,
+    g: &Geometry,
+    first_row: usize,
+    chunk: &mut [T],
+) {
     for (k, row) in chunk.chunks_mut(g.x).enumerate() {
         let (b, j) = ((first_row + k) / g.y, (first_row + k) % g.y);
         for (i, o) in row.iter_mut().enumerate() {

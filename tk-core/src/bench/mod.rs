@@ -1,7 +1,10 @@
 //! Benchmark support, following upstream's method (`spec/quant.md` §4.4) so numbers compare
 //! row by row with `bench/upstream-h200.md`:
 //!
-//! * device time per call from CUDA events recorded right around the call;
+//! * device time per call: the summed CUPTI kernel durations of the call (upstream's measure:
+//!   no launch gaps, no event overhead), or, where CUPTI can't be loaded, CUDA events recorded
+//!   right around the call (which add a fixed overhead, printed as the "timing floor"); every
+//!   record also carries the event time;
 //! * the L2 cache flushed (a memset of max(256 MiB, 2 × L2)) before every timed call, so small
 //!   shapes are measured cold, as upstream's CUPTI harness does;
 //! * warm-up calls first (they also compile), then the **median** of [`TIMED_CALLS`] calls;
@@ -10,14 +13,16 @@
 //!   copy of 1 GiB, counting bytes read plus bytes written, best of several grid sizes.
 //!
 //! Results print as a table and, with `--jsonl <path>`, append one JSON object per line.
-//! A bench executable takes an optional positional filter: only cases whose `op/params` key
-//! contains it run.
+//! A bench executable takes optional positional filters (also comma-separated): only cases
+//! whose `op/params` key contains one of them run.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+mod cupti;
 
 use crate::device::Device;
 use crate::error::{DriverContext, Result, TkError};
@@ -29,7 +34,18 @@ pub const TIMED_CALLS: usize = 50;
 /// Untimed warm-up calls per case.
 pub const WARMUP_CALLS: usize = 3;
 
-static COPY_SRC: KernelSource = KernelSource { file: "copy.cu", entry: "tk_copy16", code: include_str!("../cuda/copy.cu"), headers: &[], needs_cuda_headers: false };
+static COPY_SRC: KernelSource = KernelSource {
+    file: "copy.cu",
+    entry: "tk_copy16",
+    code: include_str!("../../cuda/copy.cu"),
+    headers: &[],
+    needs_cuda_headers: false,
+};
+
+/// The copy-ceiling kernel (registered for compile checks).
+pub fn copy_kernel_spec() -> KernelSpec {
+    KernelSpec::new(&COPY_SRC)
+}
 
 /// One benchmark result.
 #[derive(Debug, Clone)]
@@ -48,6 +64,10 @@ pub struct Record {
     pub gbs: f64,
     /// `gbs` as a percentage of the same-run copy ceiling.
     pub pct_of_ceiling: f64,
+    /// Median CUDA-event time per call (includes launch overhead), µs.
+    pub event_us: f64,
+    /// How `median_us` was measured: `cupti` (kernel time) or `events`.
+    pub method: &'static str,
 }
 
 /// A benchmark session on one device. See the module docs.
@@ -55,24 +75,25 @@ pub struct Bench {
     dev: Device,
     flush: DeviceTensor<u8>,
     ceiling_gbs: f64,
-    filter: Option<String>,
+    filters: Vec<String>,
     jsonl: Option<PathBuf>,
     records: Vec<Record>,
+    cupti: bool,
 }
 
 impl Bench {
-    /// Parses the bench executable's arguments (`[filter] [--jsonl <path>]`; cargo's `--bench`
+    /// Parses the bench executable's arguments (`[filter...] [--jsonl <path>]`; cargo's `--bench`
     /// is ignored), opens GPU 0 and measures the copy ceiling. Returns `Ok(None)` with a printed
     /// reason when there is no usable GPU (an error with `TK_REQUIRE_GPU=1`).
     pub fn from_args() -> Result<Option<Self>> {
-        let mut filter = None;
+        let mut filters: Vec<String> = Vec::new();
         let mut jsonl = None;
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--jsonl" => jsonl = args.next().map(PathBuf::from),
                 s if s.starts_with("--") => {}
-                s => filter = Some(s.to_string()),
+                s => filters.extend(s.split(',').map(str::to_string)),
             }
         }
         let dev = match Device::new(0) {
@@ -85,11 +106,30 @@ impl Bench {
         };
         let flush_bytes = (256usize << 20).max(2 * dev.props().l2_bytes);
         let flush = dev.alloc::<u8>(&[flush_bytes])?;
-        let mut b = Self { dev, flush, ceiling_gbs: 0.0, filter, jsonl, records: Vec::new() };
+        let mut b = Self {
+            dev,
+            flush,
+            ceiling_gbs: 0.0,
+            filters,
+            jsonl,
+            records: Vec::new(),
+            cupti: false,
+        };
         b.ceiling_gbs = b.measure_copy_ceiling()?;
+        let floor = b.timing_floor_us()?;
+        b.cupti = cupti::enable();
+        println!(
+            "timing: {}",
+            if b.cupti {
+                "CUPTI kernel time per call (upstream's method), L2 flushed before each call"
+            } else {
+                "CUDA events (CUPTI not loadable: add its lib folder to LD_LIBRARY_PATH for kernel-only times)"
+            }
+        );
         let p = b.dev.props();
         println!(
-            "device: {} ({}, {} SMs, {} MiB L2); copy ceiling {:.0} GB/s (1 GiB 16-byte D2D copy, read+write)",
+            "device: {} ({}, {} SMs, {} MiB L2); copy ceiling {:.0} GB/s (1 GiB D2D copy, read+write, best of \
+             16-byte kernel and cuMemcpyDtoD); timing floor {floor:.2} µs (empty kernel, L2 flushed, median)",
             p.name,
             p.arch,
             p.sm_count,
@@ -109,36 +149,73 @@ impl Bench {
         self.ceiling_gbs
     }
 
-    /// True if the case `op/params` passes the filter.
+    /// True if the case `op/params` contains one of the filters (or there are none).
     pub fn enabled(&self, op: &str, params: &str) -> bool {
-        self.filter.as_deref().is_none_or(|f| format!("{op}/{params}").contains(f))
+        let key = format!("{op}/{params}");
+        self.filters.is_empty() || self.filters.iter().any(|f| key.contains(f.as_str()))
     }
 
     fn measure_copy_ceiling(&self) -> Result<f64> {
         const BYTES: usize = 1 << 30;
         let src = self.dev.alloc::<u8>(&[BYTES])?;
         let mut dst = self.dev.alloc::<u8>(&[BYTES])?;
-        let f = self.dev.function(&KernelSpec::new(&COPY_SRC))?;
+        let dst_addr = dst.view_mut().address();
+        let f = self.dev.function(&copy_kernel_spec())?;
         let n16 = (BYTES / 16) as u64;
         let src_addr = src.view().address();
-        let dst_addr = dst.view_mut().address();
         let sms = self.dev.props().sm_count;
         let mut best = 0f64;
         for blocks_per_sm in [4u32, 8, 16, 32] {
-            let cfg = LaunchConfig { grid_dim: (sms * blocks_per_sm, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (sms * blocks_per_sm, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let times = self.time_calls(10, false, || {
                 let mut l = self.dev.stream().launch_builder(&f);
                 l.arg(&dst_addr).arg(&src_addr).arg(&n16);
                 // SAFETY: both buffers hold n16 16-byte elements and outlive the launch (stream-ordered frees).
-                unsafe { l.launch(cfg) }.map(|_| ()).ctx("launching the copy kernel")
+                unsafe { l.launch(cfg) }
+                    .map(|_| ())
+                    .ctx("launching the copy kernel")
             })?;
             best = best.max(2.0 * BYTES as f64 / median(&times) / 1e3);
         }
-        Ok(best)
+        // The driver's own device-to-device copy, in case it beats the kernel on this device.
+        let times = self.time_calls(10, false, || {
+            let (s, d) = (src.buffer(), dst.buffer_mut());
+            self.dev.stream().memcpy_dtod(s, d).ctx("cuMemcpyDtoDAsync")
+        })?;
+        Ok(best.max(2.0 * BYTES as f64 / median(&times) / 1e3))
+    }
+
+    /// The median time of an empty launch measured like an op: what the timing method itself adds.
+    fn timing_floor_us(&self) -> Result<f64> {
+        let f = self.dev.function(&copy_kernel_spec())?;
+        let (zero, null) = (0u64, 0u64);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let times = self.time_calls(TIMED_CALLS, true, || {
+            let mut l = self.dev.stream().launch_builder(&f);
+            l.arg(&null).arg(&null).arg(&zero);
+            // SAFETY: with n16 = 0 the kernel touches no memory.
+            unsafe { l.launch(cfg) }
+                .map(|_| ())
+                .ctx("launching an empty copy")
+        })?;
+        Ok(median(&times))
     }
 
     /// Times `calls` calls of `f` with events, optionally flushing L2 before each; µs per call.
-    fn time_calls(&self, calls: usize, flush: bool, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    fn time_calls(
+        &self,
+        calls: usize,
+        flush: bool,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f64>> {
         for _ in 0..WARMUP_CALLS {
             f()?;
         }
@@ -148,7 +225,15 @@ impl Bench {
             if flush {
                 let ptr = flush_view.address();
                 // SAFETY: the flush buffer is live and holds `len` bytes.
-                unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, self.flush.buffer().len(), self.dev.stream().cu_stream()) }.ctx("flushing L2")?;
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        ptr,
+                        0,
+                        self.flush.buffer().len(),
+                        self.dev.stream().cu_stream(),
+                    )
+                }
+                .ctx("flushing L2")?;
             }
             let start = self.dev.record_event(true)?;
             f()?;
@@ -157,21 +242,63 @@ impl Bench {
         flush_view = self.flush.view();
         let _ = flush_view;
         self.dev.synchronize()?;
-        events.iter().map(|(a, b)| a.elapsed_ms(b).ctx("reading event times").map(|ms| ms as f64 * 1e3)).collect()
+        events
+            .iter()
+            .map(|(a, b)| {
+                a.elapsed_ms(b)
+                    .ctx("reading event times")
+                    .map(|ms| ms as f64 * 1e3)
+            })
+            .collect()
     }
 
     /// Benchmarks one case: `f` enqueues one call of the op; `bytes` is what one call must move.
     /// Skipped (no-op) when the filter excludes `op/params`.
-    pub fn run(&mut self, op: &str, params: &str, bytes: usize, f: impl FnMut() -> Result<()>) -> Result<()> {
+    pub fn run(
+        &mut self,
+        op: &str,
+        params: &str,
+        bytes: usize,
+        f: impl FnMut() -> Result<()>,
+    ) -> Result<()> {
         if !self.enabled(op, params) {
             return Ok(());
         }
-        let times = self.time_calls(TIMED_CALLS, true, f)?;
-        let med = median(&times);
+        if self.cupti {
+            self.dev.synchronize()?;
+            cupti::drain();
+        }
+        let event_times = self.time_calls(TIMED_CALLS, true, f)?;
+        let kernel_times = if self.cupti {
+            cupti::per_call_us(&cupti::drain(), TIMED_CALLS)
+        } else {
+            None
+        };
+        if self.cupti && kernel_times.is_none() {
+            println!("warning: CUPTI records for {op}/{params} did not match {TIMED_CALLS} calls; using event times");
+        }
+        let (times, method) = match &kernel_times {
+            Some(t) => (t, "cupti"),
+            None => (&event_times, "events"),
+        };
+        let med = median(times);
         let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
         let gbs = bytes as f64 / med / 1e3;
-        let r = Record { op: op.into(), params: params.into(), median_us: med, min_us: min, bytes, gbs, pct_of_ceiling: 100.0 * gbs / self.ceiling_gbs };
-        println!("{:<22} {:<34} {:>9.2} µs {:>7.0} GB/s {:>5.1} %", r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling);
+        let r = Record {
+            op: op.into(),
+            params: params.into(),
+            median_us: med,
+            min_us: min,
+            bytes,
+            gbs,
+            pct_of_ceiling: 100.0 * gbs / self.ceiling_gbs,
+            event_us: median(&event_times),
+            method,
+        };
+        println!(
+            "{:<22} {:<34} {:>9.2} µs {:>7.0} GB/s {:>5.1} %  (events {:.2} µs)",
+            r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling, r.event_us
+        );
         self.records.push(r);
         Ok(())
     }
@@ -189,12 +316,21 @@ impl Bench {
         cache.store(&key, &compiled.image)?;
         let t = Instant::now();
         let (cubin, outcome) = kernel::cubin_with_cache(spec, &arch, &key, Some(&cache))?;
-        let module = self.dev.context().load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).ctx("loading a cached module")?;
-        let _f = module.load_function(spec.source().entry).ctx("looking up the kernel entry point")?;
+        let module = self
+            .dev
+            .context()
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .ctx("loading a cached module")?;
+        let _f = module
+            .load_function(spec.source().entry)
+            .ctx("looking up the kernel entry point")?;
         let load_ms = t.elapsed().as_secs_f64() * 1e3;
         let _ = std::fs::remove_dir_all(&dir);
         if outcome != kernel::CacheOutcome::Hit {
-            return Err(TkError::param("cache", "disk-cache entry just written was not read back"));
+            return Err(TkError::param(
+                "cache",
+                "disk-cache entry just written was not read back",
+            ));
         }
         println!(
             "compile {} [{}] for {arch}: cold NVRTC compile {cold_ms:.1} ms; load from disk cache {load_ms:.2} ms",
@@ -208,27 +344,44 @@ impl Bench {
     }
 
     fn write_jsonl(&self, line: &str) -> Result<()> {
-        let Some(path) = &self.jsonl else { return Ok(()) };
-        let io = |source| TkError::Io { path: path.display().to_string(), source };
+        let Some(path) = &self.jsonl else {
+            return Ok(());
+        };
+        let io = |source| TkError::Io {
+            path: path.display().to_string(),
+            source,
+        };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(io)?;
         }
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(io)?;
         writeln!(f, "{line}").map_err(io)
     }
 
     /// Prints the summary table and appends the records to the JSONL file.
     pub fn finish(self) -> Result<Vec<Record>> {
         let p = self.dev.props();
-        println!("\n| op | params | µs (median) | GB/s | % of copy ceiling ({:.0} GB/s) |\n|---|---|---:|---:|---:|", self.ceiling_gbs);
+        println!(
+            "\n| op | params | µs (median) | GB/s | % of copy ceiling ({:.0} GB/s) | event µs |\n|---|---|---:|---:|---:|---:|",
+            self.ceiling_gbs
+        );
         for r in &self.records {
-            println!("| {} | {} | {:.2} | {:.0} | {:.1} % |", r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling);
+            println!(
+                "| {} | {} | {:.2} | {:.0} | {:.1} % | {:.2} |",
+                r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling, r.event_us
+            );
             self.write_jsonl(&format!(
-                "{{\"kind\":\"bench\",\"op\":\"{}\",\"params\":\"{}\",\"median_us\":{:.3},\"min_us\":{:.3},\"bytes\":{},\"gbs\":{:.1},\"pct_of_ceiling\":{:.2},\"ceiling_gbs\":{:.1},\"device\":\"{}\"}}",
+                "{{\"kind\":\"bench\",\"op\":\"{}\",\"params\":\"{}\",\"median_us\":{:.3},\"min_us\":{:.3},\"event_us\":{:.3},\"method\":\"{}\",\"bytes\":{},\"gbs\":{:.1},\"pct_of_ceiling\":{:.2},\"ceiling_gbs\":{:.1},\"device\":\"{}\"}}",
                 json_escape(&r.op),
                 json_escape(&r.params),
                 r.median_us,
                 r.min_us,
+                r.event_us,
+                r.method,
                 r.bytes,
                 r.gbs,
                 r.pct_of_ceiling,
