@@ -25,8 +25,10 @@ pub use tk_transpose as transpose;
 /// (for compile checks and prewarming).
 pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
     #[allow(unused_mut)]
-    let mut v: Vec<(&'static str, tk_core::KernelSpec)> =
-        vec![("core", tk_core::bench::copy_kernel_spec())];
+    let mut v: Vec<(&'static str, tk_core::KernelSpec)> = vec![
+        ("core", tk_core::bench::copy_kernel_spec()),
+        ("core", tk_core::testing::convert_check_kernel_spec()),
+    ];
     #[cfg(feature = "transpose")]
     v.extend(
         tk_transpose::registered_kernels()

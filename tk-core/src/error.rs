@@ -92,7 +92,7 @@ pub enum TkError {
         hint: String,
     },
     /// The CUDA headers (`cuda_fp16.h`, ...) that a kernel needs were not found.
-    #[error("CUDA headers not found (searched: {searched}); set TK_CUDA_INCLUDE to a folder holding cuda_fp16.h, cuda_bf16.h and cuda_fp8.h, e.g. `pip install nvidia-cuda-runtime==13.0.*` and point it at <site-packages>/nvidia/cu13/include")]
+    #[error("CUDA headers not found (searched: {searched}); set TK_CUDA_INCLUDE to a folder holding cuda_fp16.h, cuda_bf16.h, cuda_fp8.h and cuda_fp4.h, e.g. `pip install nvidia-cuda-runtime==13.0.*` and point it at <site-packages>/nvidia/cu13/include")]
     CudaHeadersNotFound {
         /// The folders that were searched.
         searched: String,

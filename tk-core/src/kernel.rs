@@ -154,7 +154,11 @@ impl Compiled {
             .log
             .lines()
             .filter(|l| l.contains("Used ") || l.contains("spill") || l.contains("stack frame"))
-            .map(|l| l.trim().trim_start_matches("ptxas info    :").trim())
+            // Drop ptxas's "ptxas info    :" / "ptxas         ." prefixes.
+            .map(|l| {
+                let start = [l.find("Used"), l.find(|c: char| c.is_ascii_digit())];
+                l[start.into_iter().flatten().min().unwrap_or(0)..].trim()
+            })
             .collect();
         lines.join("; ")
     }
@@ -199,7 +203,11 @@ fn nvrtc_ok(r: sys::nvrtcResult, what: &str) -> Result<()> {
     }
 }
 
-/// Folders searched for the CUDA headers, in order, and the first that has `cuda_fp16.h`.
+/// The CUDA headers a folder must hold to be used as the include path.
+pub const CUDA_HEADERS: &[&str] = &["cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "cuda_fp4.h"];
+
+/// Folders searched for the CUDA headers, in order, and the first that holds all of
+/// [`CUDA_HEADERS`].
 ///
 /// Order: `$TK_CUDA_INCLUDE`, `$CUDA_HOME/include`, `$CUDA_PATH/include`,
 /// `/usr/local/cuda/include`, then for each `$LD_LIBRARY_PATH` entry `<entry>/../include` (this
@@ -224,7 +232,7 @@ pub fn cuda_include_dir() -> (Option<PathBuf>, String) {
     }
     let found = candidates
         .iter()
-        .find(|d| d.join("cuda_fp16.h").is_file())
+        .find(|d| CUDA_HEADERS.iter().all(|h| d.join(h).is_file()))
         .cloned();
     let searched = candidates
         .iter()
@@ -503,6 +511,14 @@ fn dump(spec: &KernelSpec, arch: &str, key: &str) -> Result<()> {
         text.push_str(spec.source().code);
         let path = dir.join(format!("{stem}.cu"));
         std::fs::write(&path, text).map_err(io(path.clone()))?;
+        // The headers too, so that `nvcc -I<dir> <stem>.cu` compiles the dump on its own.
+        for (name, body) in CORE_HEADERS.iter().chain(spec.source().headers) {
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io(parent.to_path_buf()))?;
+            }
+            std::fs::write(&path, body).map_err(io(path.clone()))?;
+        }
     }
     if let Some(dir) = std::env::var_os("TK_DUMP_PTX").map(PathBuf::from) {
         std::fs::create_dir_all(&dir).map_err(io(dir.clone()))?;

@@ -41,5 +41,9 @@ pub mod testing;
 pub use device::Device;
 pub use dtype::{DType, Element};
 pub use error::{Result, TkError};
+/// The `float8` crate (FP8 e4m3/e5m2 element types), re-exported likewise.
+pub use float8;
+/// The `half` crate (bf16, f16 element types), re-exported so users need not depend on it.
+pub use half;
 pub use kernel::{KernelSource, KernelSpec};
 pub use tensor::{DeviceTensor, DeviceView, DeviceViewMut, HostTensor, HostView, Layout};

@@ -12,6 +12,22 @@ use crate::dtype::Element;
 use crate::error::Result;
 use crate::tensor::{DeviceTensor, HostTensor};
 
+static CONVERT_CHECK: crate::KernelSource = crate::KernelSource {
+    file: "convert_check.cu",
+    entry: "tk_convert_check",
+    code: include_str!("../cuda/convert_check.cu"),
+    headers: &[],
+    needs_cuda_headers: true,
+};
+
+/// A test kernel that converts fp32 bit patterns with CUDA's own intrinsics (e4m3, e5m2, e2m1,
+/// bf16, f16, E5M6), for comparing [`crate::convert`] with the hardware. It includes CUDA's
+/// `cuda_fp16.h`/`cuda_bf16.h`/`cuda_fp8.h`/`cuda_fp4.h`, so compiling it also proves the CUDA
+/// headers were found.
+pub fn convert_check_kernel_spec() -> crate::KernelSpec {
+    crate::KernelSpec::new(&CONVERT_CHECK)
+}
+
 /// True when `TK_FULL_TEST` is `1`, `true` or `True` (the spec's full grid).
 pub fn full_test() -> bool {
     matches!(

@@ -24,20 +24,7 @@
 //! memory); otherwise a shared-memory tile kernel handles any shape. The op never synchronises
 //! with the host and is safe to capture in a CUDA graph (after [`prewarm`]).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
-use tk_core::error::DriverContext;
-use tk_core::{
-    DType, Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec,
-    Layout, Result, TkError,
-};
-
-static SOURCE: KernelSource = KernelSource {
-    file: "batched_transpose.cu",
-    entry: "tk_batched_transpose",
-    code: include_str!("../cuda/batched_transpose.cu"),
-    headers: &[],
-    needs_cuda_headers: false,
-};
+use tk_core::{DType, Layout, Result, TkError};
 
 /// Validated geometry of one batched transpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,201 +104,282 @@ pub(crate) fn geometry(dt: DType, layout: &Layout, rank: usize) -> Result<Geomet
     })
 }
 
-/// Checks that `out` has shape `expected` and is contiguous.
-pub(crate) fn check_out(layout: &Layout, expected: &[usize]) -> Result<()> {
-    if layout.shape() != expected {
-        return Err(TkError::Shape {
-            arg: "out",
-            expected: format!("{expected:?} (x's shape with the last two dimensions swapped)"),
-            got: layout.shape().to_vec(),
-        });
-    }
-    if !layout.is_contiguous() {
-        return Err(TkError::Stride {
-            arg: "out",
-            expected: "a contiguous (row-major) output".into(),
-            got: layout.strides().to_vec(),
-        });
-    }
-    Ok(())
-}
+#[cfg(feature = "cuda")]
+pub use gpu::*;
 
-fn out_shape(layout: &Layout) -> Vec<usize> {
-    let mut s = layout.shape().to_vec();
-    let r = s.len();
-    s.swap(r - 1, r - 2);
-    s
-}
-
-/// The kernel specialisation for element size `elem_bytes` and path (`vec`: register path).
-pub fn kernel_spec(elem_bytes: usize, vec: bool) -> KernelSpec {
-    let spec = KernelSpec::new(&SOURCE)
-        .define("TK_ELEM_BYTES", elem_bytes)
-        .define("TK_VEC", vec as u8);
-    if vec {
-        let (ly, chunks) = vec_tiling(elem_bytes);
-        spec.define("TK_LANES_Y", ly).define("TK_CHUNKS", chunks)
-    } else {
-        spec
-    }
-}
-
-/// Every specialisation this crate can launch (for compile checks and [`prewarm`]).
-pub fn registered_kernels() -> Vec<KernelSpec> {
-    [1, 2, 4]
-        .into_iter()
-        .flat_map(|e| [kernel_spec(e, true), kernel_spec(e, false)])
-        .collect()
-}
-
-/// Compiles (or loads from the disk cache) every transpose kernel on `dev`, e.g. before
-/// capturing a CUDA graph.
-pub fn prewarm(dev: &Device) -> Result<()> {
-    dev.prewarm(&registered_kernels())
-}
-
-/// Transposes the last two dimensions of `x` `(B, X, Y)` into a new contiguous `(B, Y, X)`.
-///
-/// See the module docs for the accepted layouts. Enqueued on `x`'s device stream; no host sync.
-pub fn batched_transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
-    let shape = out_shape(x.layout());
-    geometry(T::DTYPE, x.layout(), 3)?;
-    let mut out = x.device().alloc::<T>(&shape)?;
-    batched_transpose_into(x, &mut out.view_mut())?;
-    Ok(out)
-}
-
-/// [`batched_transpose`] into a caller-provided contiguous `out` of shape `(B, Y, X)`.
-pub fn batched_transpose_into<T: Element>(
-    x: &DeviceView<'_, T>,
-    out: &mut DeviceViewMut<'_, T>,
-) -> Result<()> {
-    launch(x, out, 3)
-}
-
-/// Transposes a 2-D `x` `(X, Y)` into a new contiguous `(Y, X)`.
-pub fn transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
-    let shape = out_shape(x.layout());
-    geometry(T::DTYPE, x.layout(), 2)?;
-    let mut out = x.device().alloc::<T>(&shape)?;
-    transpose_into(x, &mut out.view_mut())?;
-    Ok(out)
-}
-
-/// [`transpose`] into a caller-provided contiguous `out` of shape `(Y, X)`.
-pub fn transpose_into<T: Element>(
-    x: &DeviceView<'_, T>,
-    out: &mut DeviceViewMut<'_, T>,
-) -> Result<()> {
-    launch(x, out, 2)
-}
-
-fn launch<T: Element>(
-    x: &DeviceView<'_, T>,
-    out: &mut DeviceViewMut<'_, T>,
-    rank: usize,
-) -> Result<()> {
-    let g = geometry(T::DTYPE, x.layout(), rank)?;
-    check_out(out.layout(), &out_shape(x.layout()))?;
-    let dev = x.device();
-    if !dev.same_device(out.device()) {
-        return Err(TkError::Placement {
-            arg: "out",
-            msg: "must be on the same device as x".into(),
-        });
-    }
-    if g.is_empty() {
-        return Ok(());
-    }
-    let e = std::mem::size_of::<T>();
-    let v = 16 / e; // elements per 16-byte vector
-    let (x_addr, out_addr) = (x.address(), out.address());
-    let vec = x_addr % 16 == 0
-        && out_addr % 16 == 0
-        && g.x % v == 0
-        && g.y % v == 0
-        && g.ld % v == 0
-        && (g.batches == 1 || g.bs % v == 0);
-    let (cfg, warps_y) = if vec {
-        vec_config(&g, v, dev.props().sm_count as usize)
-    } else {
-        (generic_config(&g), 1)
+/// The GPU ops (feature `cuda`).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::{geometry, Geometry};
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Layout,
+        Result, TkError,
     };
-    let f = dev.function(&kernel_spec(e, vec))?;
-    let (batches, xs, ys, ld, bs) = (
-        g.batches as u32,
-        g.x as u32,
-        g.y as u32,
-        g.ld as u64,
-        g.bs as u64,
-    );
-    let mut l = dev.stream().launch_builder(&f);
-    l.arg(&out_addr)
-        .arg(&x_addr)
-        .arg(&batches)
-        .arg(&xs)
-        .arg(&ys)
-        .arg(&ld)
-        .arg(&bs)
-        .arg(&warps_y);
-    // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
-    // x's and out's buffers (views are bounds-checked at creation; the kernel reads
-    // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only), the vector path is
-    // taken only with 16-byte aligned rows, and both buffers outlive the stream-ordered launch.
-    unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
-    Ok(())
-}
 
-/// Tiling of the register path for an element size: `(lanes of a warp along y, chunks per
-/// thread along x)`. Measured on an H200 (see the bench): 1-byte elements do best with 4 × 8
-/// warps and one 16 × 16 chunk per thread (two would need 128 data registers); 2- and 4-byte
-/// elements with 8 × 4 warps and two chunks per thread.
-pub(crate) fn vec_tiling(elem_bytes: usize) -> (usize, usize) {
-    if elem_bytes == 1 {
-        (4, 1)
-    } else {
-        (8, 2)
+    static SOURCE: KernelSource = KernelSource {
+        file: "batched_transpose.cu",
+        entry: "tk_batched_transpose",
+        code: include_str!("../cuda/batched_transpose.cu"),
+        headers: &[],
+        needs_cuda_headers: false,
+    };
+
+    /// Checks that `out` has shape `expected` and is contiguous.
+    pub(crate) fn check_out(layout: &Layout, expected: &[usize]) -> Result<()> {
+        if layout.shape() != expected {
+            return Err(TkError::Shape {
+                arg: "out",
+                expected: format!("{expected:?} (x's shape with the last two dimensions swapped)"),
+                got: layout.shape().to_vec(),
+            });
+        }
+        if !layout.is_contiguous() {
+            return Err(TkError::Stride {
+                arg: "out",
+                expected: "a contiguous (row-major) output".into(),
+                got: layout.strides().to_vec(),
+            });
+        }
+        Ok(())
     }
-}
 
-/// Launch shape of the register path: `(config, warps_y)`. Blocks of 8 warps (4 along y), or
-/// 2 warps when the problem would not fill the device twice over; `warps_y` shrinks where that
-/// wastes fewer lanes at the right edge.
-fn vec_config(g: &Geometry, v: usize, sms: usize) -> (LaunchConfig, u32) {
-    let (ly, chunks) = vec_tiling(16 / v);
-    let lx = 32 / ly;
-    let (ncx, ncy) = (g.x / v, g.y / v);
-    let warps = if ncx * ncy * g.batches < 2 * sms * 256 * chunks {
-        2
-    } else {
-        8
-    };
-    let warps_y = [4usize.min(warps), 2, 1]
-        .into_iter()
-        .min_by_key(|&w| ncy.div_ceil(ly * w) * ly * w - ncy)
-        .unwrap_or(1);
-    let warps_x = warps / warps_y;
-    let cfg = LaunchConfig {
-        grid_dim: (
-            ncx.div_ceil(lx * warps_x * chunks).min(i32::MAX as usize) as u32,
-            ncy.div_ceil(ly * warps_y).min(65535) as u32,
-            g.batches.min(65535) as u32,
-        ),
-        block_dim: (32 * warps as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    (cfg, warps_y as u32)
-}
+    fn out_shape(layout: &Layout) -> Vec<usize> {
+        let mut s = layout.shape().to_vec();
+        let r = s.len();
+        s.swap(r - 1, r - 2);
+        s
+    }
 
-/// Launch shape of the shared-memory path: one 32 × 32 tile per block of 32 × 8 threads.
-fn generic_config(g: &Geometry) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (
-            g.y.div_ceil(32).min(i32::MAX as usize) as u32,
-            g.x.div_ceil(32).min(65535) as u32,
-            g.batches.min(65535) as u32,
-        ),
-        block_dim: (32, 8, 1),
-        shared_mem_bytes: 0,
+    /// The kernel specialisation for element size `elem_bytes` and path (`vec`: register path).
+    pub fn kernel_spec(elem_bytes: usize, vec: bool) -> KernelSpec {
+        let spec = KernelSpec::new(&SOURCE)
+            .define("TK_ELEM_BYTES", elem_bytes)
+            .define("TK_VEC", vec as u8);
+        if vec {
+            let (ly, chunks) = vec_tiling(elem_bytes);
+            spec.define("TK_LANES_Y", ly).define("TK_CHUNKS", chunks)
+        } else {
+            spec
+        }
+    }
+
+    /// Every specialisation this crate can launch (for compile checks and [`prewarm`]).
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        [1, 2, 4]
+            .into_iter()
+            .flat_map(|e| [kernel_spec(e, true), kernel_spec(e, false)])
+            .collect()
+    }
+
+    /// Compiles (or loads from the disk cache) every transpose kernel on `dev`, e.g. before
+    /// capturing a CUDA graph.
+    pub fn prewarm(dev: &Device) -> Result<()> {
+        dev.prewarm(&registered_kernels())
+    }
+
+    /// Transposes the last two dimensions of `x` `(B, X, Y)` into a new contiguous `(B, Y, X)`.
+    ///
+    /// See the module docs for the accepted layouts. Enqueued on `x`'s device stream; no host sync.
+    pub fn batched_transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
+        let shape = out_shape(x.layout());
+        geometry(T::DTYPE, x.layout(), 3)?;
+        let mut out = x.device().alloc::<T>(&shape)?;
+        batched_transpose_into(x, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`batched_transpose`] into a caller-provided contiguous `out` of shape `(B, Y, X)`.
+    pub fn batched_transpose_into<T: Element>(
+        x: &DeviceView<'_, T>,
+        out: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        launch(x, out, 3)
+    }
+
+    /// Transposes a 2-D `x` `(X, Y)` into a new contiguous `(Y, X)`.
+    pub fn transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
+        let shape = out_shape(x.layout());
+        geometry(T::DTYPE, x.layout(), 2)?;
+        let mut out = x.device().alloc::<T>(&shape)?;
+        transpose_into(x, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`transpose`] into a caller-provided contiguous `out` of shape `(Y, X)`.
+    pub fn transpose_into<T: Element>(
+        x: &DeviceView<'_, T>,
+        out: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        launch(x, out, 2)
+    }
+
+    fn launch<T: Element>(
+        x: &DeviceView<'_, T>,
+        out: &mut DeviceViewMut<'_, T>,
+        rank: usize,
+    ) -> Result<()> {
+        let g = geometry(T::DTYPE, x.layout(), rank)?;
+        check_out(out.layout(), &out_shape(x.layout()))?;
+        let dev = x.device();
+        if !dev.same_device(out.device()) {
+            return Err(TkError::Placement {
+                arg: "out",
+                msg: "must be on the same device as x".into(),
+            });
+        }
+        if g.is_empty() {
+            return Ok(());
+        }
+        let e = std::mem::size_of::<T>();
+        let v = 16 / e; // elements per 16-byte vector
+        let (x_addr, out_addr) = (x.address(), out.address());
+        let vec = x_addr % 16 == 0
+            && out_addr % 16 == 0
+            && g.x % v == 0
+            && g.y % v == 0
+            && g.ld % v == 0
+            && (g.batches == 1 || g.bs % v == 0);
+        let (cfg, warps_y) = if vec {
+            vec_config(&g, v, dev.props().sm_count as usize)
+        } else {
+            (generic_config(&g), 1)
+        };
+        let f = dev.function(&kernel_spec(e, vec))?;
+        let (batches, xs, ys, ld, bs) = (
+            g.batches as u32,
+            g.x as u32,
+            g.y as u32,
+            g.ld as u64,
+            g.bs as u64,
+        );
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&out_addr)
+            .arg(&x_addr)
+            .arg(&batches)
+            .arg(&xs)
+            .arg(&ys)
+            .arg(&ld)
+            .arg(&bs)
+            .arg(&warps_y);
+        // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
+        // x's and out's buffers (views are bounds-checked at creation; the kernel reads
+        // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only), the vector path is
+        // taken only with 16-byte aligned rows, and both buffers outlive the stream-ordered launch.
+        unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
+        Ok(())
+    }
+
+    /// Tiling of the register path for an element size: `(lanes of a warp along y, chunks per
+    /// thread along x)`. Measured on an H200 (see the bench): 1-byte elements do best with 4 × 8
+    /// warps and one 16 × 16 chunk per thread (two would need 128 data registers); 2- and 4-byte
+    /// elements with 8 × 4 warps and two chunks per thread.
+    pub(crate) fn vec_tiling(elem_bytes: usize) -> (usize, usize) {
+        if elem_bytes == 1 {
+            (4, 1)
+        } else {
+            (8, 2)
+        }
+    }
+
+    /// Launch shape of the register path: `(config, warps_y)`. Blocks of 8 warps (4 along y), or
+    /// 2 warps when the problem would not fill the device twice over; `warps_y` shrinks where that
+    /// wastes fewer lanes at the right edge.
+    fn vec_config(g: &Geometry, v: usize, sms: usize) -> (LaunchConfig, u32) {
+        let (ly, chunks) = vec_tiling(16 / v);
+        let lx = 32 / ly;
+        let (ncx, ncy) = (g.x / v, g.y / v);
+        let warps = if ncx * ncy * g.batches < 2 * sms * 256 * chunks {
+            2
+        } else {
+            8
+        };
+        let warps_y = [4usize.min(warps), 2, 1]
+            .into_iter()
+            .min_by_key(|&w| ncy.div_ceil(ly * w) * ly * w - ncy)
+            .unwrap_or(1);
+        let warps_x = warps / warps_y;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                ncx.div_ceil(lx * warps_x * chunks).min(i32::MAX as usize) as u32,
+                ncy.div_ceil(ly * warps_y).min(65535) as u32,
+                g.batches.min(65535) as u32,
+            ),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (cfg, warps_y as u32)
+    }
+
+    /// Launch shape of the shared-memory path: one 32 × 32 tile per block of 32 × 8 threads.
+    fn generic_config(g: &Geometry) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (
+                g.y.div_ceil(32).min(i32::MAX as usize) as u32,
+                g.x.div_ceil(32).min(65535) as u32,
+                g.batches.min(65535) as u32,
+            ),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn out_must_have_swapped_shape_and_be_contiguous() {
+            let x = Layout::contiguous(&[2, 3, 5]);
+            let out_shape = out_shape(&x);
+            assert_eq!(out_shape, vec![2, 5, 3]);
+            assert!(check_out(&Layout::contiguous(&out_shape), &out_shape).is_ok());
+            assert!(matches!(
+                check_out(&Layout::contiguous(&[2, 3, 5]), &out_shape),
+                Err(TkError::Shape { arg: "out", .. })
+            ));
+            let strided = Layout::new(vec![2, 5, 3], vec![15, 1, 5], 0).unwrap();
+            assert!(matches!(
+                check_out(&strided, &out_shape),
+                Err(TkError::Stride { arg: "out", .. })
+            ));
+        }
+
+        #[test]
+        fn tiling_covers_every_chunk() {
+            for e in [1usize, 2, 4] {
+                let v = 16 / e;
+                for (x, y, b) in [
+                    (v, v, 1),
+                    (64 * v, 3 * v, 2),
+                    (4032, 576, 1),
+                    (8064, 7168, 8),
+                    (2_200_000, 4, 1),
+                ] {
+                    if x % v != 0 || y % v != 0 {
+                        continue;
+                    }
+                    let g = Geometry {
+                        batches: b,
+                        x,
+                        y,
+                        ld: y,
+                        bs: x * y,
+                    };
+                    let (cfg, warps_y) = vec_config(&g, v, 132);
+                    let (ly, chunks) = vec_tiling(e);
+                    let warps = cfg.block_dim.0 as usize / 32;
+                    let warps_x = warps / warps_y as usize;
+                    assert_eq!(warps % warps_y as usize, 0);
+                    // Grid-stride loops cover what one grid cannot: at least one block per axis.
+                    assert!(cfg.grid_dim.0 >= 1 && cfg.grid_dim.1 >= 1 && cfg.grid_dim.2 >= 1);
+                    let tiles_x = (x / v).div_ceil(32 / ly * warps_x * chunks);
+                    let tiles_y = (y / v).div_ceil(ly * warps_y as usize);
+                    assert_eq!(cfg.grid_dim.0 as usize, tiles_x.min(i32::MAX as usize));
+                    assert_eq!(cfg.grid_dim.1 as usize, tiles_y.min(65535));
+                }
+            }
+        }
     }
 }

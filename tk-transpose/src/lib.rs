@@ -21,6 +21,7 @@ pub mod batched_transpose;
 #[cfg(feature = "cpu")]
 pub mod reference;
 
+#[cfg(feature = "cuda")]
 pub use batched_transpose::{
     batched_transpose, batched_transpose_into, prewarm, registered_kernels, transpose,
     transpose_into,

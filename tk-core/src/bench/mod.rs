@@ -220,7 +220,7 @@ impl Bench {
             f()?;
         }
         let mut events = Vec::with_capacity(2 * calls);
-        let mut flush_view = self.flush.view();
+        let flush_view = self.flush.view();
         for _ in 0..calls {
             if flush {
                 let ptr = flush_view.address();
@@ -239,8 +239,6 @@ impl Bench {
             f()?;
             events.push((start, self.dev.record_event(true)?));
         }
-        flush_view = self.flush.view();
-        let _ = flush_view;
         self.dev.synchronize()?;
         events
             .iter()
