@@ -394,6 +394,7 @@ impl DiskCache {
             Some(v) if v == "off" => None,
             Some(v) if !v.is_empty() => Some(Self::new(v)),
             _ => std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
                 .map(|d| Self::new(d.join("tile-kernels"))),
@@ -410,9 +411,13 @@ impl DiskCache {
         self.dir.join(format!("{key}.cubin"))
     }
 
-    /// The entry for `key`: `Ok(None)` if absent, `Err(())` if present but corrupt or truncated.
+    /// The entry for `key`: `Ok(None)` if absent (or the key is not a valid file name),
+    /// `Err(())` if present but corrupt or truncated.
     #[allow(clippy::result_unit_err)]
     pub fn load(&self, key: &str) -> std::result::Result<Option<Vec<u8>>, ()> {
+        if !valid_key(key) {
+            return Ok(None);
+        }
         let Ok(bytes) = std::fs::read(self.path(key)) else {
             return Ok(None);
         };
@@ -430,6 +435,12 @@ impl DiskCache {
 
     /// Stores `payload` under `key` atomically (temporary file, then rename).
     pub fn store(&self, key: &str, payload: &[u8]) -> Result<()> {
+        if !valid_key(key) {
+            return Err(TkError::param(
+                "key",
+                "cache keys are non-empty [0-9A-Za-z_-] strings",
+            ));
+        }
         let io = |path: &Path| {
             let path = path.display().to_string();
             move |source| TkError::Io { path, source }
@@ -439,9 +450,11 @@ impl DiskCache {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let tmp = self
-            .dir
-            .join(format!(".{key}.{}.{nanos}.tmp", std::process::id()));
+        let tmp = self.dir.join(format!(
+            ".{key}.{}.{nanos}.{}.tmp",
+            std::process::id(),
+            next_seq()
+        ));
         let mut data = Vec::with_capacity(payload.len() + 24);
         data.extend_from_slice(MAGIC);
         data.extend_from_slice(&(payload.len() as u64).to_le_bytes());
@@ -454,6 +467,20 @@ impl DiskCache {
             io(&dst)(e)
         })
     }
+}
+
+/// Keys name files in the cache folder: no separators, no `..`.
+fn valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A process-wide sequence number, so temp files of concurrent stores never share a name.
+fn next_seq() -> u64 {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The CUBIN for `spec` on `arch` through `cache` (compiling on a miss or a corrupt entry).
@@ -495,7 +522,11 @@ fn warn_once(msg: &str) {
 
 /// Honours `TK_DUMP_SOURCE` and `TK_DUMP_PTX` (see the module docs).
 fn dump(spec: &KernelSpec, arch: &str, key: &str) -> Result<()> {
-    let stem = format!("{}-{arch}-{}", spec.source().entry, &key[..12]);
+    let stem = format!(
+        "{}-{arch}-{}",
+        spec.source().entry,
+        key.get(..12).unwrap_or(key)
+    );
     let io = |path: PathBuf| {
         move |source| TkError::Io {
             path: path.display().to_string(),

@@ -75,7 +75,7 @@ impl Layout {
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |a, &n| a.saturating_mul(n))
     }
 
     /// True if the elements are dense in row-major order (size-1 dimensions may have any stride;
@@ -95,7 +95,8 @@ impl Layout {
     }
 
     /// The half-open range of buffer elements the layout can touch: `(offset, offset)` when
-    /// empty, else `(offset, offset + max index + 1)`.
+    /// empty, else `(offset, offset + max index + 1)`. Exact for every layout a view holds
+    /// (views are validated); saturates for layouts whose extent overflows `usize`.
     pub fn span(&self) -> (usize, usize) {
         if self.numel() == 0 {
             return (self.offset, self.offset);
@@ -104,9 +105,13 @@ impl Layout {
             .shape
             .iter()
             .zip(&self.strides)
-            .map(|(&n, &s)| (n - 1) * s)
-            .sum();
-        (self.offset, self.offset + last + 1)
+            .fold(0usize, |acc, (&n, &s)| {
+                acc.saturating_add((n - 1).saturating_mul(s))
+            });
+        (
+            self.offset,
+            self.offset.saturating_add(last).saturating_add(1),
+        )
     }
 
     /// The buffer index of a multi-index (no bounds check).
@@ -140,7 +145,10 @@ impl Layout {
             ));
         }
         let mut out = self.clone();
-        out.offset += start * self.strides[dim];
+        out.offset = start
+            .checked_mul(self.strides[dim])
+            .and_then(|d| d.checked_add(self.offset))
+            .ok_or_else(|| TkError::param("start", "the narrowed view's offset overflows usize"))?;
         out.shape[dim] = len;
         Ok(out)
     }
@@ -191,8 +199,36 @@ impl Layout {
         }
     }
 
+    /// One past the last buffer element the layout touches, or `None` if that (or the element
+    /// count) overflows `usize`.
+    fn checked_end(&self) -> Option<usize> {
+        let numel = self
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &n| a.checked_mul(n))?;
+        if numel == 0 {
+            return Some(self.offset);
+        }
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.offset, |acc, (&n, &s)| {
+                acc.checked_add((n - 1).checked_mul(s)?)
+            })?
+            .checked_add(1)
+    }
+
     fn check_within(&self, arg: &'static str, len: usize) -> Result<()> {
-        let (_, hi) = self.span();
+        let Some(hi) = self.checked_end() else {
+            return Err(TkError::Shape {
+                arg,
+                expected: format!(
+                    "a layout whose extent fits in usize (strides {:?}, offset {})",
+                    self.strides, self.offset
+                ),
+                got: self.shape.clone(),
+            });
+        };
         if hi > len {
             return Err(TkError::Shape {
                 arg,

@@ -48,10 +48,12 @@ impl NvrtcEnv {
         env::join_paths(dirs).unwrap_or_else(|_| self.lib_dir.clone().into_os_string())
     }
 
-    /// Sets `LD_LIBRARY_PATH` and `TK_CUDA_INCLUDE` on a child command.
+    /// Sets `LD_LIBRARY_PATH` and `TK_CUDA_INCLUDE` on a child command, and
+    /// `TK_REQUIRE_NVRTC=1` so that tests needing NVRTC fail rather than skip.
     pub fn apply(&self, cmd: &mut Command) {
         cmd.env("LD_LIBRARY_PATH", self.ld_library_path());
         cmd.env("TK_CUDA_INCLUDE", &self.include_dir);
+        cmd.env("TK_REQUIRE_NVRTC", "1");
     }
 
     /// One line describing the setup.
