@@ -149,8 +149,8 @@ pub struct Compiled {
 
 impl Compiled {
     /// The ptxas resource summary (`Used N registers, ...` and spill lines) from the log.
-    /// Informational only: it came back empty once on an H200 while other threads of the
-    /// process were compiling with NVRTC 13.0 (`tk compile-check` compiles one at a time).
+    /// Informational only, and empty when ptxas did not run: on the H200 machines NVRTC serves
+    /// a source it compiled before from a cache, with an empty log.
     pub fn resource_usage(&self) -> String {
         let lines: Vec<&str> = self
             .log
