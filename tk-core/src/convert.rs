@@ -101,17 +101,18 @@ const E4M3_MAX_CODE: u32 = 0x7E;
 /// * The sign is always kept: −0.0 and negatives that round to zero give `0x80`.
 /// * NaN gives `0x7F` whatever its sign (the GPU drops it; PyTorch would give `0xFF`).
 pub fn e4m3_from_f32(x: f32) -> u8 {
+    fp8_from_f32_satfinite(x, 3, -6, E4M3_MAX_CODE)
+}
+
+/// The shared FP8 encoder: RNE onto the grid with `mant_bits` mantissa bits and smallest normal
+/// exponent `emin`, magnitude saturated to `max_code`, sign kept, NaN → `0x7F`.
+fn fp8_from_f32_satfinite(x: f32, mant_bits: u32, emin: i32, max_code: u32) -> u8 {
     if x.is_nan() {
         return 0x7F;
     }
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
-    let mag = minifloat_rne_magnitude(bits & 0x7FFF_FFFF, 3, -6);
-    let mag = if mag > E4M3_MAX_CODE {
-        E4M3_MAX_CODE
-    } else {
-        mag
-    };
+    let mag = minifloat_rne_magnitude(bits & 0x7FFF_FFFF, mant_bits, emin).min(max_code);
     sign | mag as u8
 }
 
@@ -150,18 +151,7 @@ const E5M2_MAX_CODE: u32 = 0x7B;
 ///
 /// The quant spec does not use e5m2; these semantics are the PTX `satfinite` ones.
 pub fn e5m2_from_f32(x: f32) -> u8 {
-    if x.is_nan() {
-        return 0x7F;
-    }
-    let bits = x.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
-    let mag = minifloat_rne_magnitude(bits & 0x7FFF_FFFF, 2, -14);
-    let mag = if mag > E5M2_MAX_CODE {
-        E5M2_MAX_CODE
-    } else {
-        mag
-    };
-    sign | mag as u8
+    fp8_from_f32_satfinite(x, 2, -14, E5M2_MAX_CODE)
 }
 
 /// Decodes an FP8 e5m2 byte exactly.

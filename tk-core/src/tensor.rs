@@ -456,6 +456,31 @@ impl<T: Element> DeviceTensor<T> {
     }
 }
 
+/// Accessors shared by [`DeviceView`] and [`DeviceViewMut`].
+macro_rules! view_accessors {
+    () => {
+        /// The layout.
+        pub fn layout(&self) -> &Layout {
+            &self.layout
+        }
+
+        /// The shape.
+        pub fn shape(&self) -> &[usize] {
+            self.layout.shape()
+        }
+
+        /// The strides, in elements.
+        pub fn strides(&self) -> &[usize] {
+            self.layout.strides()
+        }
+
+        /// The device handle (ops enqueue on its stream).
+        pub fn device(&self) -> &'a Device {
+            self.dev
+        }
+    };
+}
+
 /// A borrowed, possibly strided device tensor.
 #[derive(Clone)]
 pub struct DeviceView<'a, T> {
@@ -473,25 +498,7 @@ impl<T> std::fmt::Debug for DeviceView<'_, T> {
 }
 
 impl<'a, T: Element> DeviceView<'a, T> {
-    /// The layout.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[usize] {
-        self.layout.shape()
-    }
-
-    /// The strides, in elements.
-    pub fn strides(&self) -> &[usize] {
-        self.layout.strides()
-    }
-
-    /// The device handle (ops enqueue on its stream).
-    pub fn device(&self) -> &'a Device {
-        self.dev
-    }
+    view_accessors!();
 
     /// The backing buffer.
     pub fn buffer(&self) -> &'a CudaSlice<T> {
@@ -535,25 +542,7 @@ impl<T> std::fmt::Debug for DeviceViewMut<'_, T> {
 }
 
 impl<'a, T: Element> DeviceViewMut<'a, T> {
-    /// The layout.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[usize] {
-        self.layout.shape()
-    }
-
-    /// The strides, in elements.
-    pub fn strides(&self) -> &[usize] {
-        self.layout.strides()
-    }
-
-    /// The device handle.
-    pub fn device(&self) -> &'a Device {
-        self.dev
-    }
+    view_accessors!();
 
     /// The backing buffer, mutable.
     pub fn buffer_mut(&mut self) -> &mut CudaSlice<T> {

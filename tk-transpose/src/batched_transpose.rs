@@ -183,11 +183,7 @@ mod gpu {
     ///
     /// See the module docs for the accepted layouts. Enqueued on `x`'s device stream; no host sync.
     pub fn batched_transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
-        let shape = out_shape(x.layout());
-        geometry(T::DTYPE, x.layout(), 3)?;
-        let mut out = x.device().alloc::<T>(&shape)?;
-        batched_transpose_into(x, &mut out.view_mut())?;
-        Ok(out)
+        alloc_and_launch(x, 3)
     }
 
     /// [`batched_transpose`] into a caller-provided contiguous `out` of shape `(B, Y, X)`.
@@ -200,11 +196,7 @@ mod gpu {
 
     /// Transposes a 2-D `x` `(X, Y)` into a new contiguous `(Y, X)`.
     pub fn transpose<T: Element>(x: &DeviceView<'_, T>) -> Result<DeviceTensor<T>> {
-        let shape = out_shape(x.layout());
-        geometry(T::DTYPE, x.layout(), 2)?;
-        let mut out = x.device().alloc::<T>(&shape)?;
-        transpose_into(x, &mut out.view_mut())?;
-        Ok(out)
+        alloc_and_launch(x, 2)
     }
 
     /// [`transpose`] into a caller-provided contiguous `out` of shape `(Y, X)`.
@@ -213,6 +205,14 @@ mod gpu {
         out: &mut DeviceViewMut<'_, T>,
     ) -> Result<()> {
         launch(x, out, 2)
+    }
+
+    /// Validates `x` (before allocating), allocates the contiguous output and launches.
+    fn alloc_and_launch<T: Element>(x: &DeviceView<'_, T>, rank: usize) -> Result<DeviceTensor<T>> {
+        geometry(T::DTYPE, x.layout(), rank)?;
+        let mut out = x.device().alloc::<T>(&out_shape(x.layout()))?;
+        launch(x, &mut out.view_mut(), rank)?;
+        Ok(out)
     }
 
     fn launch<T: Element>(
