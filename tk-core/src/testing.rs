@@ -164,9 +164,38 @@ pub fn assert_bits_eq<T: Element>(what: &str, actual: &[T], expected: &[T]) {
         actual.len(),
         expected.len()
     );
-    let bad: Vec<usize> = (0..actual.len())
-        .filter(|&i| actual[i].to_bits_u64() != expected[i].to_bits_u64())
-        .collect();
+    // Count mismatches on all cores (GPU tests compare billions of elements), keeping the
+    // first few indices of each chunk for the report.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = actual.len().div_ceil(threads).max(1 << 16);
+    let per_chunk: Vec<(usize, Vec<usize>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = actual
+            .chunks(chunk)
+            .zip(expected.chunks(chunk))
+            .enumerate()
+            .map(|(c, (a, e))| {
+                s.spawn(move || {
+                    let mut first = Vec::new();
+                    let mut n = 0;
+                    for (i, (x, y)) in a.iter().zip(e).enumerate() {
+                        if x.to_bits_u64() != y.to_bits_u64() {
+                            n += 1;
+                            if first.len() < 8 {
+                                first.push(c * chunk + i);
+                            }
+                        }
+                    }
+                    (n, first)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("compare thread"))
+            .collect()
+    });
+    let n_bad: usize = per_chunk.iter().map(|(n, _)| n).sum();
+    let bad: Vec<usize> = per_chunk.into_iter().flat_map(|(_, f)| f).collect();
     if !bad.is_empty() {
         let shown: Vec<String> = bad
             .iter()
@@ -182,8 +211,7 @@ pub fn assert_bits_eq<T: Element>(what: &str, actual: &[T], expected: &[T]) {
             })
             .collect();
         panic!(
-            "{what}: {} of {} elements differ; first: {}",
-            bad.len(),
+            "{what}: {n_bad} of {} elements differ; first: {}",
             actual.len(),
             shown.join(", ")
         );

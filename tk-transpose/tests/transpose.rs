@@ -41,7 +41,11 @@ fn check_on_gpu<T: Element>(dev: &Device, case: &str, buf: &HostTensor<T>, view:
     let got = out.to_host().unwrap();
     assert_eq!(got.shape(), expected.shape(), "{case}: shape");
     assert_bits_eq(case, got.as_slice(), expected.as_slice());
-    // The allocating form gives the same bits.
+    // The allocating form gives the same bits (checked where it costs little: it shares the
+    // launch path, and the largest cases dominate the device time of the suite).
+    if expected.as_slice().len() > 1 << 24 {
+        return;
+    }
     let alloc = if rank == 2 {
         transpose(&dview)
     } else {
