@@ -1,14 +1,39 @@
 //! `tk`: the tile-kernels command line.
 //!
-//! * `tk compile-check [--arch sm_90a] [--arch sm_100a] ...` compiles every registered kernel
-//!   specialisation with NVRTC for each architecture (no GPU needed) and prints the resource
-//!   usage of each; exits 1 on any failure.
+//! * `tk compile-check [--arch sm_90a] [--arch sm_100a] ... [--dump <dir>]` compiles every
+//!   registered kernel specialisation with NVRTC for each architecture (no GPU needed) and
+//!   prints the resource usage of each (registers, spills, stack); exits 1 on any failure. With
+//!   `--dump`, writes each CUBIN and its PTX to `<dir>` (disassemble the CUBINs with
+//!   `cuobjdump --dump-sass` or `nvdisasm` where a CUDA toolkit is installed).
 //! * `tk info` prints the NVRTC version, the CUDA include folder, the cache folder and the GPU.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+const USAGE: &str = "tk compile-check [--arch <sm_XXa>]... [--dump <dir>] | tk info";
 use std::time::Instant;
 
-fn compile_check(archs: &[String]) -> ExitCode {
+/// Writes `<stem>.cubin` and, compiled again for the virtual architecture, `<stem>.ptx`.
+fn dump(
+    dir: &Path,
+    stem: &str,
+    spec: &tk_core::KernelSpec,
+    arch: &str,
+    cubin: &[u8],
+) -> tk_core::Result<()> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| tk_core::TkError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let cubin_path = dir.join(format!("{stem}.cubin"));
+    std::fs::write(&cubin_path, cubin).map_err(io(&cubin_path))?;
+    let ptx = tk_core::kernel::compile(spec, &arch.replacen("sm_", "compute_", 1))?;
+    let ptx_path = dir.join(format!("{stem}.ptx"));
+    std::fs::write(&ptx_path, &ptx.image).map_err(io(&ptx_path))
+}
+
+fn compile_check(archs: &[String], dump_dir: Option<&Path>) -> ExitCode {
     let version = match tk_core::kernel::nvrtc_version() {
         Ok((a, b)) => format!("{a}.{b}"),
         Err(e) => {
@@ -26,7 +51,24 @@ fn compile_check(archs: &[String]) -> ExitCode {
     for arch in archs {
         for (family, spec) in &specs {
             let t = Instant::now();
-            match tk_core::kernel::compile(spec, arch) {
+            let compiled = tk_core::kernel::compile(spec, arch).and_then(|c| {
+                if let Some(dir) = dump_dir {
+                    let defines: String = spec
+                        .defines()
+                        .iter()
+                        .map(|(k, v)| format!("-{k}{v}"))
+                        .collect();
+                    dump(
+                        dir,
+                        &format!("{family}-{}{defines}-{arch}", spec.source().entry),
+                        spec,
+                        arch,
+                        &c.image,
+                    )?;
+                }
+                Ok(c)
+            });
+            match compiled {
                 Ok(c) => println!(
                     "  ok   {arch:<8} {family}/{} [{}]: {} bytes CUBIN in {:.0} ms; {}",
                     spec.source().entry,
@@ -84,12 +126,14 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("compile-check") => {
             let mut archs = Vec::new();
+            let mut dump_dir = None;
             let mut it = args[1..].iter();
             while let Some(a) = it.next() {
                 match (a.as_str(), it.next()) {
                     ("--arch", Some(v)) => archs.push(v.clone()),
+                    ("--dump", Some(v)) => dump_dir = Some(PathBuf::from(v)),
                     _ => {
-                        eprintln!("usage: tk compile-check [--arch <sm_XXa>]...");
+                        eprintln!("usage: {USAGE}");
                         return ExitCode::from(2);
                     }
                 }
@@ -97,11 +141,11 @@ fn main() -> ExitCode {
             if archs.is_empty() {
                 archs = vec!["sm_90a".into(), "sm_100a".into()];
             }
-            compile_check(&archs)
+            compile_check(&archs, dump_dir.as_deref())
         }
         Some("info") => info(),
         _ => {
-            eprintln!("usage: tk compile-check [--arch <sm_XXa>]... | tk info");
+            eprintln!("usage: {USAGE}");
             ExitCode::from(2)
         }
     }
