@@ -211,7 +211,7 @@ impl Device {
 
     /// Allocates a contiguous device tensor whose contents are unspecified (stream-ordered).
     ///
-    /// Use it for outputs that an op overwrites completely; see [`DeviceTensor::poison`] for tests.
+    /// Use it for outputs that an op overwrites completely; see [`crate::testing::poison`] for tests.
     pub fn alloc<T: Element>(&self, shape: &[usize]) -> Result<DeviceTensor<T>> {
         let layout = Layout::contiguous(shape);
         // SAFETY: the memory is uninitialised but `T: Element` is valid for every bit pattern,

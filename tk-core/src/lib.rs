@@ -12,7 +12,7 @@
 //! * [`dtype`] and [`convert`]: the element types of `spec/quant.md` §1 and bit-exact
 //!   conversions between them.
 //! * [`error`]: the one error type, [`TkError`].
-//! * [`testing`] and [`bench`]: seeded generators, bit-exact comparison, the GPU-or-skip helper,
+//! * [`testing`] and [`mod@bench`]: seeded generators, bit-exact comparison, the GPU-or-skip helper,
 //!   and CUDA-event timing with L2 flushes against the same-run copy ceiling.
 //!
 //! Nothing here needs a CUDA toolkit to build: the driver and NVRTC are loaded dynamically, and

@@ -381,6 +381,11 @@ impl<'a, T: Element> HostView<'a, T> {
 // ----- device -------------------------------------------------------------------------------------
 
 /// An owned device tensor (contiguous when allocated; see [`DeviceTensor::view`]).
+///
+/// Dropping it frees the memory in stream order on the stream of the handle it was allocated
+/// through. Work enqueued on that stream before the drop is safe; if a handle on another stream
+/// (see [`Device::with_new_stream`]) still uses the tensor, make the allocating stream wait for
+/// it first ([`Device::record_event`] + [`Device::wait_event`]).
 pub struct DeviceTensor<T> {
     buf: CudaSlice<T>,
     layout: Layout,

@@ -15,7 +15,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Feature `cuda` (default) gives the GPU ops, `cpu` (default) the CPU backend in [`reference`].
+//! Feature `cuda` (default) gives the GPU ops, `cpu` (default) the CPU backend in [`mod@reference`].
 
 pub mod batched_transpose;
 #[cfg(feature = "cpu")]
