@@ -113,7 +113,7 @@ fn compile_check_cmd(nv: &nvrtc::NvrtcEnv, args: &[String]) -> std::process::Com
 fn test() -> Result<(), String> {
     let mut steps = Steps::new(
         "cargo xtask test",
-        &["fmt", "clippy", "nvrtc", "test", "compile-check"],
+        &["fmt", "clippy", "doc", "nvrtc", "test", "compile-check"],
     );
     steps.run("fmt", "cargo fmt --all -- --check", |_| {
         util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -131,6 +131,18 @@ fn test() -> Result<(), String> {
                 "-D",
                 "warnings",
             ]))?;
+            Ok(((), String::new()))
+        },
+    )?;
+    steps.run(
+        "doc",
+        "RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps",
+        |_| {
+            util::run(
+                util::cargo()
+                    .args(["doc", "--workspace", "--no-deps"])
+                    .env("RUSTDOCFLAGS", "-D warnings"),
+            )?;
             Ok(((), String::new()))
         },
     )?;
