@@ -8,6 +8,7 @@
 //! | feature | crate | ops |
 //! |---|---|---|
 //! | `transpose` (default) | [`tk_transpose`] | `transpose`, `batched_transpose` |
+//! | `quant` (default) | [`tk_quant`] | scale layouts and the CPU references of the casts (GPU kernels pending) |
 //!
 //! The core types (devices, tensors, dtypes, errors) are re-exported from [`tk_core`] as
 //! [`core`].
@@ -20,6 +21,9 @@ pub use tk_core::{
 
 #[cfg(feature = "transpose")]
 pub use tk_transpose as transpose;
+
+#[cfg(feature = "quant")]
+pub use tk_quant as quant;
 
 /// Every kernel specialisation registered by the enabled families, with the family's name
 /// (for compile checks and prewarming).

@@ -1,0 +1,52 @@
+//! # tk-quant
+//!
+//! Scaled casts of tile-kernels (`spec/quant.md`): per-token, per-block and per-channel casts
+//! of fp32/bf16 (or already quantized) activations to FP8 e4m3, FP4 e2m1 and E5M6 with fp32 or
+//! UE8M0 scale factors, and the casts back.
+//!
+//! **Status:** the CPU side exists: the scale machinery ([`scale`]), the argument types
+//! ([`types`]) and the CPU references ([`reference`](mod@reference), feature `cpu`, default), which are the
+//! correctness argument and the CPU backend. The GPU kernels are pending; they will be tested
+//! against these references bit for bit.
+//!
+//! | module | contents |
+//! |---|---|
+//! | [`scale`] | [`ScaleOptions`] → [`ScaleLayout`] (A row-major fp32, B TMA-aligned column-major fp32, C packed UE8M0), [`ScaleGrid`] geometry, [`HostScales`], the input-scale reader rules ([`scale::detect_scale_layout`], [`ScaleView`]) |
+//! | [`types`] | [`CastFormat`], [`PlainInput`], [`QuantDataView`] / [`QuantData`], [`QuantInput`], [`CastInput`], [`DequantElement`] |
+//! | [`reference`](mod@reference) | [`cast`](fn@reference::cast) (+ sf-only, precomputed), [`cast_back`](fn@reference::cast_back), [`cast_to_e5m6`](fn@reference::cast_to_e5m6), [`cast_back_from_e5m6`](fn@reference::cast_back_from_e5m6) |
+//!
+//! Every function validates its arguments and returns a [`tk_core::TkError`] naming the
+//! offending one; nothing panics on bad input.
+//!
+//! ```
+//! # #[cfg(feature = "cpu")] {
+//! use tk_core::HostTensor;
+//! use tk_quant::reference::{cast, cast_back};
+//! use tk_quant::{CastFormat, QuantInput, ScaleOptions};
+//!
+//! # fn main() -> tk_core::Result<()> {
+//! // (M, K) = (2, 4) fp32, one scale per row (block (1, 4)), power-of-two scales, layout C.
+//! let x = HostTensor::<f32>::from_vec(vec![0.5, -1.0, 3.0, 7.0, 0.0, 0.0, 0.0, 0.0], &[2, 4])?;
+//! let (q, sf) = cast(&x.view().into(), CastFormat::E4M3, (1, 4), ScaleOptions::packed_ue8m0())?;
+//! assert_eq!(q.bytes()[..4], [0x60, 0xE8, 0x74, 0x7E]); // 32, -64, 192, 448 in e4m3
+//! assert_eq!(sf.get(0, 0), Some(1.0 / 64.0)); // amax 7: sf = 7/448 = 2^-6
+//! assert_eq!(sf.ue8m0_byte(1, 0), Some(127 - 22)); // all-zero row: sf = 2^-22
+//! let back = cast_back::<f32>(&QuantInput::new(q.view(), sf.view(), (1, 4)))?;
+//! assert_eq!(back.as_slice()[..4], [0.5, -1.0, 3.0, 7.0]);
+//! # Ok(()) }
+//! # main().unwrap();
+//! # }
+//! ```
+
+// Without the CPU backend the links to it in these docs have no target.
+#![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
+
+#[cfg(feature = "cpu")]
+pub mod reference;
+pub mod scale;
+pub mod types;
+
+pub use scale::{HostScales, ScaleGrid, ScaleLayout, ScaleOptions, ScaleView};
+pub use types::{
+    CastFormat, CastInput, DequantElement, PlainInput, QuantData, QuantDataView, QuantInput,
+};
