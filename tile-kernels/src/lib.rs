@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `transpose` (default) | [`tk_transpose`] | `transpose`, `batched_transpose` |
 //! | `quant` (default) | [`tk_quant`] | scale layouts and the CPU references of the casts (GPU kernels pending) |
+//! | `gating` (default) | [`tk_gating`] | scoring functions and the CPU references of `topk_gate`, `topk_sum_and_topk_group_idx`, `top2_sum_gate` (GPU kernels pending) |
 //!
 //! The core types (devices, tensors, dtypes, errors) are re-exported from [`tk_core`] as
 //! [`core`].
@@ -24,6 +25,9 @@ pub use tk_transpose as transpose;
 
 #[cfg(feature = "quant")]
 pub use tk_quant as quant;
+
+#[cfg(feature = "gating")]
+pub use tk_gating as gating;
 
 /// Every kernel specialisation registered by the enabled families, with the family's name
 /// (for compile checks and prewarming).
