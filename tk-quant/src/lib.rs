@@ -5,15 +5,23 @@
 //! UE8M0 scale factors, and the casts back.
 //!
 //! **Status:** the CPU side exists: the scale machinery ([`scale`]), the argument types
-//! ([`types`]) and the CPU references ([`reference`](mod@reference), feature `cpu`, default), which are the
-//! correctness argument and the CPU backend. The GPU kernels are pending; they will be tested
-//! against these references bit for bit.
+//! ([`types`]), one host module per op (parameters and validation with upstream's
+//! preconditions) and the CPU references ([`reference`](mod@reference), feature `cpu`,
+//! default), which are the correctness argument and the CPU backend. The GPU kernels are
+//! pending; they will live in the op modules and be tested against these references bit for
+//! bit.
 //!
 //! | module | contents |
 //! |---|---|
 //! | [`scale`] | [`ScaleOptions`] → [`ScaleLayout`] (A row-major fp32, B TMA-aligned column-major fp32, C packed UE8M0), [`ScaleGrid`] geometry, [`HostScales`], the input-scale reader rules ([`scale::detect_scale_layout`], [`ScaleView`]) |
 //! | [`types`] | [`CastFormat`], [`PlainInput`], [`QuantDataView`] / [`QuantData`], [`QuantInput`], [`CastInput`], [`DequantElement`] |
-//! | [`reference`](mod@reference) | [`cast`](fn@reference::cast) (+ sf-only, precomputed), [`cast_back`](fn@reference::cast_back), [`cast_to_e5m6`](fn@reference::cast_to_e5m6), [`cast_back_from_e5m6`](fn@reference::cast_back_from_e5m6) |
+//! | [`plan`] | [`CastMode`] (cast / sf-only / precomputed), [`CastPlan`] (what every op's `validate` returns) |
+//! | [`per_token_cast`](mod@per_token_cast) | §3.1–§3.2: [`PerTokenCastParams`], [`PerTokenE5M6Params`], `validate`, `validate_e5m6` |
+//! | [`per_block_cast`](mod@per_block_cast) | §3.3: [`PerBlockCastParams`], `validate` |
+//! | [`per_block_cast_lossless`](mod@per_block_cast_lossless) | §3.4: [`LosslessCastParams`], [`LosslessPlan`], `validate` |
+//! | [`per_channel_cast`](mod@per_channel_cast) | §3.5: [`PerChannelCastParams`], `validate` |
+//! | [`cast_back`](mod@cast_back) | §3.8–§3.9: `validate`, `validate_e5m6` |
+//! | [`reference`](mod@reference) | generic references [`cast`](fn@reference::cast) (+ sf-only, precomputed), [`cast_back`](fn@reference::cast_back), [`cast_to_e5m6`](fn@reference::cast_to_e5m6), [`cast_back_from_e5m6`](fn@reference::cast_back_from_e5m6); the ops on the CPU ([`per_token_cast`](fn@reference::per_token_cast), [`per_block_cast`](fn@reference::per_block_cast), [`per_block_cast_lossless`](fn@reference::per_block_cast_lossless), [`per_channel_cast`](fn@reference::per_channel_cast), [`cast_back_op`](fn@reference::cast_back_op), [`per_token_cast_back`](fn@reference::per_token_cast_back), ...) |
 //!
 //! Every function validates its arguments and returns a [`tk_core::TkError`] naming the
 //! offending one; nothing panics on bad input.
@@ -41,11 +49,22 @@
 // Without the CPU backend the links to it in these docs have no target.
 #![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
 
+pub mod cast_back;
+pub mod per_block_cast;
+pub mod per_block_cast_lossless;
+pub mod per_channel_cast;
+pub mod per_token_cast;
+pub mod plan;
 #[cfg(feature = "cpu")]
 pub mod reference;
 pub mod scale;
 pub mod types;
 
+pub use per_block_cast::PerBlockCastParams;
+pub use per_block_cast_lossless::{LosslessCastParams, LosslessPlan};
+pub use per_channel_cast::PerChannelCastParams;
+pub use per_token_cast::{PerTokenCastParams, PerTokenE5M6Params};
+pub use plan::{CastMode, CastPlan};
 pub use scale::{HostScales, ScaleGrid, ScaleLayout, ScaleOptions, ScaleView};
 pub use types::{
     CastFormat, CastInput, DequantElement, PlainInput, QuantData, QuantDataView, QuantInput,

@@ -1,0 +1,209 @@
+//! `per_block_cast_lossless` (`spec/quant.md` §3.4): requantizes FP4 e2m1 data with
+//! fine-grained power-of-two scales into FP8 e4m3 with coarser power-of-two scales, **without
+//! changing any dequantized value**.
+//!
+//! # What it computes (integer exponent space)
+//!
+//! Input block `(ih, iw)`, output block `(oh, ow)` with `oh % ih == 0` and `ow % iw == 0`, so
+//! every output block is a union of whole input blocks.
+//!
+//! 1. Each input scale is `2^(E_in − 127)`; `E_in` is its UE8M0 byte (layout C) or the
+//!    exponent field `bits(s) >> 23` of an fp32 scale ([`input_exponent`]).
+//! 2. For each output block `O`: `E_max` = the largest `E_in` of the input blocks inside `O`
+//!    (those of the input grid, i.e. whose first row and column lie in the tensor).
+//! 3. `E_out = E_max − 6`, saturating at 0 ([`output_exponent`]).
+//! 4. Each element: `d = E_in − E_out` and `out = enc8(fl(dec4(data) · 2^d))`. Whenever the
+//!    op succeeds, `d ∈ [−5, 6]` (or `[1, 6]` for all-zero blocks with `E_out = 0`), so every
+//!    product is an exact e4m3 value (at most 6·2^6 = 384, smallest nonzero 0.5·2^-5 = 2^-6)
+//!    and nothing is rounded.
+//! 5. Output scale: the UE8M0 byte `E_out` (layout C) or the fp32 with bits `E_out << 23`
+//!    (layouts A, B).
+//!
+//! So `dec8(out) · 2^(E_out − 127) == dec4(data) · 2^(E_in − 127)` bit for bit, signed zeros
+//! included.
+//!
+//! | argument | dtype | shape | notes |
+//! |---|---|---|---|
+//! | `x.data` | packed e2m1 | `(M, K/2)`, logical `K % 32 == 0` | unit column stride, any row stride |
+//! | `x.sf` | fp32 / packed UE8M0 | grid `(ceil(M/ih), ceil(K/iw))` | layout A, B or C; positive normal powers of two |
+//! | `out` | e4m3 | `(M, K)` | contiguous |
+//! | `out_sf` | fp32 / packed UE8M0 | grid `(ceil(M/oh), ceil(K/ow))` | layout A, B or C |
+//!
+//! # Preconditions
+//!
+//! Static ([`validate`]):
+//! * `x.data` is packed FP4 e2m1 (the output is always FP8 e4m3: upstream's `fmt` must be
+//!   `'e4m3'`; here there is no format argument), logical `K % 32 == 0`;
+//! * `iw` and `ow` are powers of two; `oh % ih == 0` and `ow % iw == 0`;
+//! * the scale flags select layout A, B or C ([`ScaleOptions::layout`]). `round_sf` does not
+//!   change any value (the scales are powers of two by construction) but layout C still needs
+//!   it set, as everywhere in this crate.
+//!
+//! Data-dependent (checked by the CPU reference while it computes; a GPU launch must report
+//! them too), each a [`TkError::Param`] naming `x.sf`:
+//! 1. **Every input scale is a positive normal power of two**, `2^-126 ..= 2^127` (UE8M0
+//!    bytes 1..=254). Upstream silently uses the floor exponent field of an fp32 scale, so a
+//!    non-power-of-two scale (or 0, a subnormal, a negative, inf or NaN) gives output whose
+//!    dequantized values differ from the input's.
+//! 2. **`E_in + 5 >= E_out`** for every input block, i.e. within one output block the largest
+//!    input scale is at most `2^11` times the smallest ([`MAX_EXPONENT_SPREAD`]). Upstream's
+//!    kernel traps on a device assertion otherwise. Note that an all-zero FP4 block (scale
+//!    `2^-126` from a cast, e.g. zero padding rows) inside an output block of ordinary values
+//!    breaks this rule, upstream and here alike.
+//! 3. **No output scale of 0.0 under nonzero data**: when `E_max <= 6` the output exponent
+//!    saturates to 0 and upstream silently writes the scale 0.0, so every nonzero value of the
+//!    block dequantizes to 0. Such a block is an error here; an output block whose data are all
+//!    (signed) zeros is lossless with scale 0.0 and gets upstream's result (scale 0.0 / UE8M0
+//!    byte 0, data ±0).
+//!
+//! # Deviations from upstream
+//!
+//! * The three typed errors above, where upstream traps or silently writes a scale that loses
+//!   values. **Spec correction**: §3.4 step 7 and §5 item 12 say the cast is lossless "as long
+//!   as `E_max >= 6`"; at `E_max == 6` the output exponent is already 0 (scale 0.0), so the
+//!   correct condition is `E_max >= 7`.
+//! * **Any row stride** of the FP4 data is accepted (upstream requires it contiguous).
+//! * Upstream's kernel tiling adds unstated limits on `oh` (e.g. `32 % oh == 0` below 32);
+//!   any `(oh, ow)` meeting the rules above works here.
+//! * Packed UE8M0 output without `round_sf` or without `use_tma_aligned_col_major_sf` is
+//!   rejected (crate-wide rule; upstream would write layout C correctly without `round_sf`).
+
+use tk_core::{DType, Result, TkError};
+
+use crate::plan::{require_multiple, CastPlan};
+use crate::scale::{ScaleLayout, ScaleOptions};
+use crate::types::QuantInput;
+
+/// `E_out = E_max − EXPONENT_SHIFT`: the e4m3 output needs 6 more binades above the FP4 range
+/// (e2m1's largest value 6 times `2^6` is 384 ≤ 448).
+pub const EXPONENT_SHIFT: u32 = 6;
+
+/// The largest allowed `E_max − E_in` within one output block (upstream's device assertion
+/// `E_in + 5 >= E_out`): e2m1's smallest nonzero 0.5 times `2^-5` is e4m3's smallest normal.
+pub const MAX_EXPONENT_SPREAD: u32 = 11;
+
+/// The parameters of a lossless FP4 → FP8 requantization (upstream's `out_block_size` and the
+/// scale flags; `x_block_size` travels with the input, [`QuantInput::block`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LosslessCastParams {
+    /// `(oh, ow)`: rows × columns per output scale; `ow` a power of two, `oh` a multiple of
+    /// `ih` and `ow` of `iw`.
+    pub out_block_size: (usize, usize),
+    /// Output scale layout (rounding has no effect on values).
+    pub opts: ScaleOptions,
+}
+
+impl LosslessCastParams {
+    /// Bundles the parameters.
+    pub const fn new(out_block_size: (usize, usize), opts: ScaleOptions) -> Self {
+        Self {
+            out_block_size,
+            opts,
+        }
+    }
+}
+
+/// The validated geometry of a lossless requantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LosslessPlan {
+    /// The input: block `(ih, iw)`, its scale grid and the detected layout of `x.sf`.
+    pub input: CastPlan,
+    /// The output: block `(oh, ow)`, its scale grid and the selected layout.
+    pub output: CastPlan,
+}
+
+/// The exponent `E_in` of an input scale: `Some(bits(s) >> 23)` if `s` is a positive normal
+/// power of two (`2^-126 ..= 2^127`, i.e. UE8M0 bytes 1..=254), else `None`.
+pub const fn input_exponent(sf: f32) -> Option<u32> {
+    let bits = sf.to_bits();
+    let e = bits >> 23;
+    if bits & 0x807F_FFFF == 0 && e >= 1 && e <= 254 {
+        Some(e)
+    } else {
+        None
+    }
+}
+
+/// `E_out` from `E_max`: `E_max − 6`, saturating at 0 (upstream's rule; 0 means the scale
+/// 0.0, see the [module docs](self)).
+pub const fn output_exponent(e_max: u32) -> u32 {
+    e_max.saturating_sub(EXPONENT_SHIFT)
+}
+
+/// Validates the static preconditions of a lossless requantization of `x` (see the
+/// [module docs](self)) and returns its plan.
+///
+/// Errors: `x` ([`TkError::Dtype`] unless packed e2m1; rank, column stride, `K = 0`,
+/// `K % 32 != 0`), `x_block_size` (0, or `iw` not a power of two), `x.sf` (layout, shape),
+/// `use_packed_ue8m0` ([`ScaleOptions::layout`]), `out_block_size` ([`TkError::Param`]).
+pub fn validate(x: &QuantInput<'_>, params: &LosslessCastParams) -> Result<LosslessPlan> {
+    let g = x.validate()?;
+    if x.data.dtype() != DType::E2M1x2 {
+        return Err(TkError::Dtype {
+            arg: "x",
+            expected: "packed FP4 e2m1 data (the lossless cast reads FP4 and writes FP8 e4m3)"
+                .into(),
+            got: x.data.dtype(),
+        });
+    }
+    validate_dims(g.m, g.k, x.block, g.sf_layout, params)
+}
+
+/// The device-independent part of [`validate`]: logical size `(m, k)` of e2m1 data, its block
+/// and the detected layout of its scales.
+pub fn validate_dims(
+    m: usize,
+    k: usize,
+    x_block_size: (usize, usize),
+    x_sf_layout: ScaleLayout,
+    params: &LosslessCastParams,
+) -> Result<LosslessPlan> {
+    require_multiple(
+        "x",
+        &[m, k],
+        "K",
+        k,
+        32,
+        "per_block_cast_lossless tiles FP4 columns by 32",
+    )?;
+    let out_layout = params.opts.layout()?;
+    let (ih, iw) = x_block_size;
+    let (oh, ow) = params.out_block_size;
+    if ih == 0 || iw == 0 {
+        return Err(TkError::param(
+            "x_block_size",
+            format!("block sizes must be at least 1, got ({ih}, {iw})"),
+        ));
+    }
+    if oh == 0 || ow == 0 {
+        return Err(TkError::param(
+            "out_block_size",
+            format!("block sizes must be at least 1, got ({oh}, {ow})"),
+        ));
+    }
+    if !iw.is_power_of_two() {
+        return Err(TkError::param(
+            "x_block_size",
+            format!("the lossless cast needs a power-of-two input block width, got ({ih}, {iw})"),
+        ));
+    }
+    if !ow.is_power_of_two() {
+        return Err(TkError::param(
+            "out_block_size",
+            format!("the lossless cast needs a power-of-two output block width, got ({oh}, {ow})"),
+        ));
+    }
+    if oh % ih != 0 || ow % iw != 0 {
+        return Err(TkError::param(
+            "out_block_size",
+            format!(
+                "each output block must be a union of whole input blocks: ({oh}, {ow}) is not \
+                 a multiple of x_block_size ({ih}, {iw}) in both dimensions"
+            ),
+        ));
+    }
+    Ok(LosslessPlan {
+        input: CastPlan::new_arg(m, k, x_block_size, x_sf_layout, "x_block_size")?,
+        output: CastPlan::new_arg(m, k, params.out_block_size, out_layout, "out_block_size")?,
+    })
+}
