@@ -130,6 +130,21 @@ pub enum TkError {
 }
 
 impl TkError {
+    /// The argument the error names, for the errors about an argument (`None` for device,
+    /// library, compile and I/O errors).
+    pub fn arg(&self) -> Option<&'static str> {
+        match self {
+            TkError::Shape { arg, .. }
+            | TkError::Dtype { arg, .. }
+            | TkError::Stride { arg, .. }
+            | TkError::Alignment { arg, .. }
+            | TkError::Empty { arg, .. }
+            | TkError::Param { arg, .. }
+            | TkError::Placement { arg, .. } => Some(arg),
+            _ => None,
+        }
+    }
+
     /// Shorthand for a [`TkError::Param`].
     pub fn param(arg: &'static str, msg: impl Into<String>) -> Self {
         Self::Param {

@@ -9,7 +9,7 @@
 
 use crate::device::Device;
 use crate::dtype::Element;
-use crate::error::Result;
+use crate::error::{Result, TkError};
 use crate::tensor::{DeviceTensor, HostTensor};
 
 static CONVERT_CHECK: crate::KernelSource = crate::KernelSource {
@@ -251,4 +251,17 @@ pub fn generate_hidden_sizes(align: usize) -> Vec<usize> {
         .into_iter()
         .filter(|h| h % align == 0)
         .collect()
+}
+
+/// Panics unless `err` is a [`TkError::Param`] naming `arg` whose message contains every word
+/// of `words`.
+pub fn assert_param(err: TkError, arg: &str, words: &[&str]) {
+    match err {
+        TkError::Param { arg: a, ref msg } if a == arg => {
+            for w in words {
+                assert!(msg.contains(w), "message {msg:?} lacks {w:?}");
+            }
+        }
+        e => panic!("expected a Param error naming {arg:?}, got {e:?}"),
+    }
 }

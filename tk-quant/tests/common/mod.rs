@@ -46,30 +46,12 @@ pub fn check_bias(what: &str, x: &[f32], reference: &[f32]) {
     );
 }
 
-/// Asserts a `TkError::Param` naming `arg` whose message contains every word of `words`.
-pub fn assert_param(err: TkError, arg: &str, words: &[&str]) {
-    match err {
-        TkError::Param { arg: a, ref msg } if a == arg => {
-            for w in words {
-                assert!(msg.contains(w), "message {msg:?} lacks {w:?}");
-            }
-        }
-        e => panic!("expected Param error naming {arg:?}, got {e:?}"),
-    }
-}
+#[allow(unused_imports)] // not every test file that includes this module uses it
+pub use tk_core::testing::assert_param;
 
-/// The argument an error names.
+/// The argument an error names (`""` for errors about no argument).
 pub fn err_arg(err: &TkError) -> &'static str {
-    match err {
-        TkError::Shape { arg, .. }
-        | TkError::Dtype { arg, .. }
-        | TkError::Stride { arg, .. }
-        | TkError::Alignment { arg, .. }
-        | TkError::Empty { arg, .. }
-        | TkError::Param { arg, .. }
-        | TkError::Placement { arg, .. } => arg,
-        e => panic!("error names no argument: {e:?}"),
-    }
+    err.arg().unwrap_or("")
 }
 
 /// Every finite non-negative e4m3 value, by code (0x00..=0x7E), from the format definition.
