@@ -20,7 +20,13 @@
 //! | [`per_block_cast`](mod@per_block_cast) | §3.3: [`PerBlockCastParams`], `validate` |
 //! | [`per_block_cast_lossless`](mod@per_block_cast_lossless) | §3.4: [`LosslessCastParams`], [`LosslessPlan`], `validate` |
 //! | [`per_channel_cast`](mod@per_channel_cast) | §3.5: [`PerChannelCastParams`], `validate` |
+//! | [`per_channel_cast_fused`](mod@per_channel_cast_fused) | §3.6: [`FusedInput`], [`PerChannelCastFusedParams`], `validate` |
+//! | [`per_channel_cast_and_transpose`](mod@per_channel_cast_and_transpose) | §3.7: [`PerChannelCastAndTransposeParams`], `validate` |
 //! | [`cast_back`](mod@cast_back) | §3.8–§3.9: `validate`, `validate_e5m6` |
+//! | [`swiglu`] | §3.10–§3.12 shared: the activation's op order, how the references handle CUDA's `expf` |
+//! | [`swiglu_forward_and_per_token_cast`](mod@swiglu_forward_and_per_token_cast) | §3.10: [`SwigluForwardInputs`], [`TopkWeights`], [`SwigluForwardParams`], [`SwigluOutFormat`], `validate` |
+//! | [`swiglu_backward_and_per_token_cast`](mod@swiglu_backward_and_per_token_cast) | §3.11: [`SwigluBackwardInputs`], [`SwigluBackwardParams`], `validate` |
+//! | [`swiglu_forward_and_per_channel_cast_and_transpose`](mod@swiglu_forward_and_per_channel_cast_and_transpose) | §3.12: [`SwigluPerChannelParams`], `validate` |
 //! | [`reference`](mod@reference) | generic references [`cast`](fn@reference::cast) (+ sf-only, precomputed), [`cast_back`](fn@reference::cast_back), [`cast_to_e5m6`](fn@reference::cast_to_e5m6), [`cast_back_from_e5m6`](fn@reference::cast_back_from_e5m6); the ops on the CPU ([`per_token_cast`](fn@reference::per_token_cast), [`per_block_cast`](fn@reference::per_block_cast), [`per_block_cast_lossless`](fn@reference::per_block_cast_lossless), [`per_channel_cast`](fn@reference::per_channel_cast), [`cast_back_op`](fn@reference::cast_back_op), [`per_token_cast_back`](fn@reference::per_token_cast_back), ...) |
 //!
 //! Every function validates its arguments and returns a [`tk_core::TkError`] naming the
@@ -53,19 +59,32 @@ pub mod cast_back;
 pub mod per_block_cast;
 pub mod per_block_cast_lossless;
 pub mod per_channel_cast;
+pub mod per_channel_cast_and_transpose;
+pub mod per_channel_cast_fused;
 pub mod per_token_cast;
 pub mod plan;
 #[cfg(feature = "cpu")]
 pub mod reference;
 pub mod scale;
+pub mod swiglu;
+pub mod swiglu_backward_and_per_token_cast;
+pub mod swiglu_forward_and_per_channel_cast_and_transpose;
+pub mod swiglu_forward_and_per_token_cast;
 pub mod types;
 
 pub use per_block_cast::PerBlockCastParams;
 pub use per_block_cast_lossless::{LosslessCastParams, LosslessPlan};
 pub use per_channel_cast::PerChannelCastParams;
+pub use per_channel_cast_and_transpose::PerChannelCastAndTransposeParams;
+pub use per_channel_cast_fused::{FusedInput, PerChannelCastFusedParams};
 pub use per_token_cast::{PerTokenCastParams, PerTokenE5M6Params};
 pub use plan::{CastMode, CastPlan};
 pub use scale::{HostScales, ScaleGrid, ScaleLayout, ScaleOptions, ScaleView};
+pub use swiglu_backward_and_per_token_cast::{SwigluBackwardInputs, SwigluBackwardParams};
+pub use swiglu_forward_and_per_channel_cast_and_transpose::SwigluPerChannelParams;
+pub use swiglu_forward_and_per_token_cast::{
+    SwigluForwardInputs, SwigluForwardParams, SwigluOutFormat, TopkWeights,
+};
 pub use types::{
     CastFormat, CastInput, DequantElement, PlainInput, QuantData, QuantDataView, QuantInput,
 };

@@ -24,6 +24,15 @@
 //! | [`per_channel_cast`](fn@per_channel_cast) | [`crate::per_channel_cast`] | §3.5 | `(128, 1)` |
 //! | [`cast_back_op`](fn@cast_back_op), [`per_token_cast_back`] | [`crate::cast_back`] | §3.8 | `x_block_size`, `(1, npc)` |
 //! | [`cast_back_e5m6`], [`per_token_cast_back_e5m6`] | [`crate::cast_back`] | §3.9 | `x_block_size`, `(1, npc)` |
+//! | [`per_channel_cast_fused`](fn@per_channel_cast_fused) | [`crate::per_channel_cast_fused`] | §3.6 | `(128, 1)` after gather / dequantization |
+//! | [`per_channel_cast_and_transpose`](fn@per_channel_cast_and_transpose) | [`crate::per_channel_cast_and_transpose`] | §3.7 | `(npt, 1)`, data transposed |
+//! | [`swiglu_forward_and_per_token_cast`](fn@swiglu_forward_and_per_token_cast) (+ `_with_expf`, [`swiglu_forward_activation`], [`swiglu_forward_downstream`]) | [`crate::swiglu_forward_and_per_token_cast`] | §3.10 | `(1, npc)` of the activation |
+//! | [`swiglu_backward_and_per_token_cast`](fn@swiglu_backward_and_per_token_cast) (+ `_with_expf`, [`swiglu_backward_element`]) | [`crate::swiglu_backward_and_per_token_cast`] | §3.11 | `(1, npc)` of the gradient |
+//! | [`swiglu_forward_and_per_channel_cast_and_transpose`](fn@swiglu_forward_and_per_channel_cast_and_transpose) (+ `_with_expf`, [`swiglu_per_channel_activation`], [`swiglu_per_channel_downstream`]) | [`crate::swiglu_forward_and_per_channel_cast_and_transpose`] | §3.12 | `(npt, 1)` of the bf16 activation |
+//!
+//! The SwiGLU references take the `expf` they use as a parameter (default [`swiglu::cpu_expf`],
+//! the correctly rounded `exp`), so that everything but `expf` is bit-exact against the GPU;
+//! see [`crate::swiglu`] and [`swiglu`](mod@swiglu).
 
 pub mod cast;
 pub mod cast_back_op;
@@ -31,7 +40,13 @@ pub mod e5m6;
 pub mod per_block_cast;
 pub mod per_block_cast_lossless;
 pub mod per_channel_cast;
+pub mod per_channel_cast_and_transpose;
+pub mod per_channel_cast_fused;
 pub mod per_token_cast;
+pub mod swiglu;
+pub mod swiglu_backward_and_per_token_cast;
+pub mod swiglu_forward_and_per_channel_cast_and_transpose;
+pub mod swiglu_forward_and_per_token_cast;
 
 pub use cast::{cast, cast_back, cast_sf_only, cast_with_precomputed_sf};
 pub use cast_back_op::{
@@ -43,7 +58,23 @@ pub use per_block_cast::{
 };
 pub use per_block_cast_lossless::per_block_cast_lossless;
 pub use per_channel_cast::per_channel_cast;
+pub use per_channel_cast_and_transpose::per_channel_cast_and_transpose;
+pub use per_channel_cast_fused::per_channel_cast_fused;
 pub use per_token_cast::{
     per_token_cast, per_token_cast_to_e5m6, per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
+};
+pub use swiglu_backward_and_per_token_cast::{
+    swiglu_backward_and_per_token_cast, swiglu_backward_and_per_token_cast_with_expf,
+    swiglu_backward_element, BackwardElement, SwigluBackwardOutput,
+};
+pub use swiglu_forward_and_per_channel_cast_and_transpose::{
+    swiglu_forward_and_per_channel_cast_and_transpose,
+    swiglu_forward_and_per_channel_cast_and_transpose_with_expf, swiglu_per_channel_activation,
+    swiglu_per_channel_downstream,
+};
+pub use swiglu_forward_and_per_token_cast::{
+    swiglu_forward_activation, swiglu_forward_and_per_token_cast,
+    swiglu_forward_and_per_token_cast_with_expf, swiglu_forward_downstream, SwigluForwardOutput,
+    SwigluOut,
 };

@@ -1,0 +1,244 @@
+//! `per_channel_cast_fused` (`spec/quant.md` §3.6): per-channel (128-row) FP8 e4m3 cast with two
+//! optional fused stages: dequantizing a per-token FP8 input with `(1, 128)` scales ("fused
+//! cast back"), and gathering rows through an index map (`pos_to_token`).
+//!
+//! # What it computes
+//!
+//! For output row `i < N_out`:
+//!
+//! 1. the source row `src = pos_to_token[i]` with a map, else `i`;
+//! 2. if `src < 0` (a padding row): `y[i, c] = +0.0` for every column;
+//! 3. else plain input: `y[i, c] = fp32(x[src, c])`; fused cast back:
+//!    `y[i, c] = fl(dec8(data[src, c]) · sf[src, c/128])`;
+//! 4. for each column `c` and 128-row output block `b`: `amax = max |y|` over the block's
+//!    rows (`< N_out`), `(sf, inv)` per §1.4 (e4m3, `ε = 1e-4`; powers of two with `round_sf`);
+//! 5. `out[i, c] = enc8(fl(y[i, c] · inv))`: in the fused case `fl(fl(dec8 · sf_in) · inv)`,
+//!    left to right, as upstream's kernel and reference both do.
+//!
+//! Padding rows give `0x00`. It is the generic cast ([`reference::cast`](fn@crate::reference::cast))
+//! of the gathered `y` with block `(128, 1)`, layout A; without a map, of `x` itself (a
+//! [`crate::QuantInput`] with block `(1, 128)` when fused).
+//!
+//! | argument | dtype | shape | notes |
+//! |---|---|---|---|
+//! | `x` plain | fp32 / bf16 | `(N_in, K)`, `K % 64 == 0` | unit column stride, any row stride |
+//! | `x` fused | e4m3 + fp32 scales | `(N_in, K)` + `(N_in, K/128)`, `K % 128 == 0` | scales are dequantization multipliers of `(1, 128)` groups |
+//! | `pos_to_token` | int32 | `(N_out,)`, `N_out % 16 == 0` | entries `< N_in`, negative for padding rows |
+//! | `out` | e4m3 | `(N_out, K)` | contiguous |
+//! | `out_sf` | fp32 | `(ceil(N_out/128), K)` | layout A |
+//!
+//! # Preconditions ([`validate`])
+//!
+//! * `num_per_tokens == 128`; the format is e4m3.
+//! * Plain input: `num_per_channels` is `None`; `K % 64 == 0`.
+//! * Fused cast back: `num_per_channels == Some(128)`; data e4m3 `(N_in, K)` with
+//!   `K % 128 == 0`; scales fp32 `(N_in, K/128)`.
+//! * With a map: `N_out % 16 == 0` and every entry `< N_in`. Without: `N_out = N_in` and
+//!   `N_in % 128 == 0`.
+//!
+//! # Deviations from upstream (documented choices)
+//!
+//! * **`K`**: upstream's wrapper does not check it. Plain input needs `K % 64 == 0` here (what
+//!   upstream exercises, through `per_channel_cast`, and the kernel's column tiling), fused
+//!   input `K % 128 == 0` (implied upstream by the scale shape). `K = 128` with fused input
+//!   works here; upstream reads its `(N_in, 1)` scales as column-major and fails.
+//! * **`N_out % 128 != 0`** (allowed with a map): the last block is partial, and its rows past
+//!   `N_out` do not count towards `amax` (upstream's reference; its kernel relies on TileLang's
+//!   bounds handling there).
+//! * Map entries are range-checked (upstream trusts them). Inputs may have any row stride.
+//! * NaN / inf inputs follow the GPU (§5 item 6), as in the generic reference.
+
+use float8::F8E4M3;
+use tk_core::{HostView, Result, TkError};
+
+use crate::plan::{require_multiple, CastPlan};
+use crate::scale::ScaleLayout;
+use crate::types::{check_matrix, PlainInput};
+
+/// The only row-block height the op accepts.
+pub const NUM_PER_TOKENS: usize = 128;
+
+/// The group width of a fused cast back's input scales.
+pub const NUM_PER_CHANNELS: usize = 128;
+
+/// The input `x` of the op.
+#[derive(Debug, Clone)]
+pub enum FusedInput<'a> {
+    /// fp32 / bf16 `(N_in, K)`.
+    Plain(PlainInput<'a>),
+    /// Per-token FP8 data with its scales (the fused cast back).
+    Quantized {
+        /// e4m3 `(N_in, K)`.
+        data: HostView<'a, F8E4M3>,
+        /// fp32 `(N_in, K/128)`: the dequantization multiplier of each `(1, 128)` group.
+        sf: HostView<'a, f32>,
+    },
+}
+
+impl<'a> From<PlainInput<'a>> for FusedInput<'a> {
+    fn from(x: PlainInput<'a>) -> Self {
+        FusedInput::Plain(x)
+    }
+}
+
+/// The scalar parameters of the op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PerChannelCastFusedParams {
+    /// `npt`, rows per scale: must be 128.
+    pub num_per_tokens: usize,
+    /// Round each scale up to a power of two (§1.4).
+    pub round_sf: bool,
+    /// `None` for plain input; `Some(128)` (the input scales' group) for a fused cast back.
+    pub num_per_channels: Option<usize>,
+}
+
+impl PerChannelCastFusedParams {
+    /// Plain input: `npt = 128`, no input groups.
+    pub const fn plain(round_sf: bool) -> Self {
+        Self {
+            num_per_tokens: NUM_PER_TOKENS,
+            round_sf,
+            num_per_channels: None,
+        }
+    }
+
+    /// Fused cast back: `npt = 128`, input groups of 128.
+    pub const fn fused(round_sf: bool) -> Self {
+        Self {
+            num_per_tokens: NUM_PER_TOKENS,
+            round_sf,
+            num_per_channels: Some(NUM_PER_CHANNELS),
+        }
+    }
+}
+
+/// The validated geometry of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerChannelCastFusedPlan {
+    /// Input rows `N_in`.
+    pub n_in: usize,
+    /// The output cast: `(N_out, K)`, block `(128, 1)`, layout A.
+    pub cast: CastPlan,
+}
+
+/// Validates a call (see the [module docs](self) for every rule).
+///
+/// Errors, naming the argument: `x` ([`TkError::Shape`]: rank, `K`, `N_in % 128` without a
+/// map; [`TkError::Stride`]; [`TkError::Empty`]), `x.sf` ([`TkError::Shape`],
+/// [`TkError::Stride`]), `pos_to_token` ([`TkError::Shape`]: not 1-D, `N_out % 16 != 0`;
+/// [`TkError::Param`]: an entry `>= N_in`), `num_per_tokens`, `num_per_channels`
+/// ([`TkError::Param`]).
+pub fn validate(
+    x: &FusedInput<'_>,
+    pos_to_token: Option<&HostView<'_, i32>>,
+    params: &PerChannelCastFusedParams,
+) -> Result<PerChannelCastFusedPlan> {
+    if params.num_per_tokens != NUM_PER_TOKENS {
+        return Err(TkError::param(
+            "num_per_tokens",
+            format!(
+                "per_channel_cast_fused supports num_per_tokens = 128 only, got {}",
+                params.num_per_tokens
+            ),
+        ));
+    }
+    let (n_in, k) = match x {
+        FusedInput::Plain(p) => {
+            if let Some(npc) = params.num_per_channels {
+                return Err(TkError::param(
+                    "num_per_channels",
+                    format!("must be None for a plain (fp32 / bf16) input, got {npc}"),
+                ));
+            }
+            let (n, k) = p.validate("x")?;
+            require_multiple("x", &[n, k], "K", k, 64, "the kernel tiles columns by 64")?;
+            (n, k)
+        }
+        FusedInput::Quantized { data, sf } => {
+            if params.num_per_channels != Some(NUM_PER_CHANNELS) {
+                return Err(TkError::param(
+                    "num_per_channels",
+                    format!(
+                        "a fused cast back reads (1, 128) input scales: num_per_channels must \
+                         be Some(128), got {:?}",
+                        params.num_per_channels
+                    ),
+                ));
+            }
+            let (n, k) = check_matrix("x", data.layout())?;
+            if k == 0 {
+                return Err(TkError::Empty {
+                    arg: "x",
+                    shape: data.shape().to_vec(),
+                });
+            }
+            require_multiple(
+                "x",
+                &[n, k],
+                "K",
+                k,
+                NUM_PER_CHANNELS,
+                "the input scales cover groups of 128 columns",
+            )?;
+            let (sr, sc) = check_matrix("x.sf", sf.layout())?;
+            if (sr, sc) != (n, k / NUM_PER_CHANNELS) {
+                return Err(TkError::Shape {
+                    arg: "x.sf",
+                    expected: format!("(N_in, K/128) = ({n}, {}) fp32", k / NUM_PER_CHANNELS),
+                    got: vec![sr, sc],
+                });
+            }
+            (n, k)
+        }
+    };
+    let n_out = match pos_to_token {
+        Some(map) => {
+            let [n_out] = *map.shape() else {
+                return Err(TkError::Shape {
+                    arg: "pos_to_token",
+                    expected: "rank 1 (N_out,) int32".into(),
+                    got: map.shape().to_vec(),
+                });
+            };
+            require_multiple(
+                "pos_to_token",
+                &[n_out],
+                "N_out",
+                n_out,
+                16,
+                "upstream's kernel tiles gathered rows by 16",
+            )?;
+            for i in 0..n_out {
+                let src = map.at(&[i]);
+                if src >= 0 && src as usize >= n_in {
+                    return Err(TkError::param(
+                        "pos_to_token",
+                        format!("entry {i} is {src}, out of range for N_in = {n_in} rows of x"),
+                    ));
+                }
+            }
+            n_out
+        }
+        None => {
+            require_multiple(
+                "x",
+                &[n_in, k],
+                "M",
+                n_in,
+                128,
+                "without pos_to_token the output has the input's rows, in blocks of 128",
+            )?;
+            n_in
+        }
+    };
+    Ok(PerChannelCastFusedPlan {
+        n_in,
+        cast: CastPlan::new_arg(
+            n_out,
+            k,
+            (NUM_PER_TOKENS, 1),
+            ScaleLayout::RowMajorF32,
+            "num_per_tokens",
+        )?,
+    })
+}

@@ -1,0 +1,157 @@
+//! CPU `swiglu_backward_and_per_token_cast` (`spec/quant.md` §3.11).
+//!
+//! The only operation a CPU cannot reproduce is CUDA's `expf` (see [`crate::swiglu`]), so the
+//! reference is parameterised by it: [`swiglu_backward_and_per_token_cast_with_expf`] with the
+//! GPU's own `expf` values (e.g. a table over the `−X` the test feeds in) is bit-exact for
+//! `out`, `x_grad`, `x_grad_fp8` and its scales; [`swiglu_backward_and_per_token_cast`] uses
+//! [`cpu_expf`]. [`swiglu_backward_element`] is the per-element arithmetic, in the spec's exact
+//! order, with its single FMA ([`f32::mul_add`]).
+//!
+//! See [`crate::swiglu_backward_and_per_token_cast`] for shapes, dtypes, preconditions and the
+//! deviations from upstream.
+
+use half::bf16;
+use tk_core::convert::{bf16_from_f32, e4m3_to_f32};
+use tk_core::{HostTensor, Result};
+
+use super::swiglu::{clamp_gate, clamp_value, cpu_expf};
+use crate::scale::{HostScales, ScaleOptions};
+use crate::swiglu_backward_and_per_token_cast::{
+    validate, SwigluBackwardInputs, SwigluBackwardParams,
+};
+use crate::types::{row, CastFormat, CastInput, QuantData, QuantDataView};
+
+/// The fp32 results of one element of the backward (before the bf16 roundings).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BackwardElement {
+    /// `act = fl(fl(X / t) · Y)` (the forward activation before the weight).
+    pub act: f32,
+    /// `fl(act · w)`: `out` before its bf16 rounding.
+    pub out: f32,
+    /// `dX`: `+0` if the gate was clamped, else `fl(fl(gws · Y) · fma(X, fl(1 − s), 1))`.
+    pub dx: f32,
+    /// `dY`: `+0` if the value was clamped, else `fl(gws · X)`.
+    pub dy: f32,
+}
+
+/// One element of the backward (§3.11 steps 2–8): `x`, `y` are the dequantized gate and
+/// value (before the clamp), `g` the output gradient, `w` the row's weight, `c` the clamp.
+///
+/// `t = fl(1 + expf(−X))`, `s = fl(1/t)`, `act = fl(fl(X/t) · Y)`, `gws = fl(fl(g · w) · s)`,
+/// `dX = fl(fl(gws · Y) · fma(X, fl(1 − s), 1))` with one rounding for the FMA
+/// ([`f32::mul_add`]), `dY = fl(gws · X)`; each other operation rounded on its own.
+pub fn swiglu_backward_element(
+    x: f32,
+    y: f32,
+    g: f32,
+    w: f32,
+    c: Option<f32>,
+    expf: &dyn Fn(f32) -> f32,
+) -> BackwardElement {
+    let (x, cx) = clamp_gate(x, c);
+    let (y, hi, lo) = clamp_value(y, c);
+    let cy = hi || lo;
+    let t = 1.0 + expf(-x);
+    let s = 1.0 / t;
+    let act = (x / t) * y;
+    let gws = (g * w) * s;
+    let dx = if cx {
+        0.0
+    } else {
+        (gws * y) * x.mul_add(1.0 - s, 1.0)
+    };
+    let dy = if cy { 0.0 } else { gws * x };
+    BackwardElement {
+        act,
+        out: act * w,
+        dx,
+        dy,
+    }
+}
+
+/// What the op returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwigluBackwardOutput {
+    /// `(N, H)` bf16: `bf16(fl(act · w))`.
+    pub out: HostTensor<bf16>,
+    /// `(N, 2H)` e4m3: the per-token cast of the fp32 gradient `[dX | dY]`.
+    pub x_grad_fp8: QuantData,
+    /// Its scales: fp32 layout A `(N, 2H/npc)`.
+    pub x_grad_fp8_sf: HostScales,
+    /// `(N, 2H)` bf16: `[bf16(dX) | bf16(dY)]`.
+    pub x_grad: HostTensor<bf16>,
+    /// `(T, k)` fp32: `Σ_j g_j · act_j` at each row's routing slot, 0 elsewhere.
+    pub weight_grad: HostTensor<f32>,
+}
+
+/// `swiglu_backward_and_per_token_cast` with the CPU `expf` ([`cpu_expf`]).
+///
+/// Errors: see [`crate::swiglu_backward_and_per_token_cast::validate`].
+pub fn swiglu_backward_and_per_token_cast(
+    inputs: &SwigluBackwardInputs<'_>,
+    params: &SwigluBackwardParams,
+) -> Result<SwigluBackwardOutput> {
+    swiglu_backward_and_per_token_cast_with_expf(inputs, params, &cpu_expf)
+}
+
+/// `swiglu_backward_and_per_token_cast` with a caller-given `expf`; everything else is exact.
+/// `weight_grad` is summed in f64 (each product `g · act` exact) and rounded once.
+///
+/// Errors: see [`crate::swiglu_backward_and_per_token_cast::validate`].
+pub fn swiglu_backward_and_per_token_cast_with_expf(
+    inputs: &SwigluBackwardInputs<'_>,
+    params: &SwigluBackwardParams,
+    expf: &dyn Fn(f32) -> f32,
+) -> Result<SwigluBackwardOutput> {
+    let plan = validate(inputs, params)?;
+    let (n, h, npc) = (plan.n, plan.h, params.num_per_channels);
+    let (t, k) = plan.topk_shape;
+    let QuantDataView::E4M3(xq) = &inputs.x else {
+        unreachable!("validate requires e4m3 data")
+    };
+    let mut out = Vec::with_capacity(n * h);
+    let mut grad = vec![0.0f32; n * 2 * h];
+    let mut weight_grad = vec![0.0f32; t * k];
+    for i in 0..n {
+        let p = inputs.pos_to_token_topk.at(&[i]);
+        let w = if p >= 0 {
+            inputs.weight.at(&[p as usize / k, p as usize % k])
+        } else {
+            0.0
+        };
+        let xrow = row(xq, i);
+        let grow = row(&inputs.grad_out, i);
+        let deq = |c: usize| e4m3_to_f32(xrow[c].to_bits()) * inputs.x_sf.at(&[i, c / npc]);
+        let mut sum = 0.0f64;
+        for j in 0..h {
+            let g = grow[j].to_f32();
+            let e =
+                swiglu_backward_element(deq(j), deq(h + j), g, w, params.swiglu_clamp_value, expf);
+            out.push(bf16_from_f32(e.out));
+            grad[i * 2 * h + j] = e.dx;
+            grad[i * 2 * h + h + j] = e.dy;
+            sum += g as f64 * e.act as f64;
+        }
+        if p >= 0 {
+            weight_grad[p as usize] = sum as f32;
+        }
+    }
+    let grad = HostTensor::from_vec(grad, &[n, 2 * h])?;
+    let (x_grad_fp8, x_grad_fp8_sf) = super::cast(
+        &CastInput::from(grad.view()),
+        CastFormat::E4M3,
+        (1, npc),
+        ScaleOptions::row_major(params.round_sf),
+    )?;
+    let x_grad = HostTensor::from_vec(
+        grad.as_slice().iter().map(|&v| bf16_from_f32(v)).collect(),
+        &[n, 2 * h],
+    )?;
+    Ok(SwigluBackwardOutput {
+        out: HostTensor::from_vec(out, &[n, h])?,
+        x_grad_fp8,
+        x_grad_fp8_sf,
+        x_grad,
+        weight_grad: HostTensor::from_vec(weight_grad, &[t, k])?,
+    })
+}

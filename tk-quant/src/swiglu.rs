@@ -1,0 +1,85 @@
+//! What the three SwiGLU ops share (`spec/quant.md` §3.10–§3.12, Appendix A): the activation,
+//! its clamp, and how the CPU references deal with CUDA's `expf`.
+//!
+//! # The activation
+//!
+//! A SwiGLU input row has `2H` columns: the left half is the gate `l`, the right half the
+//! value `v`. For each `j < H`, with `l = fp32(x[r, j])` and `v = fp32(x[r, H + j])`:
+//!
+//! 1. optional clamp `C` ([`check_clamp_value`]): `l = C` if `l > C` (above only);
+//!    `v = C` if `v > C`, `v = −C` if `v < −C`. Comparisons in fp32, so a NaN passes unchanged
+//!    (NaN inputs are unsupported, §5 item 6);
+//! 2. `a = fl(fl(l / fl(1 + expf(−l))) · v)`: three separately rounded operations, in this
+//!    order, with no contraction into an FMA (Appendix A.2);
+//! 3. then, op by op: `· w` as its own rounding (§3.10), or `bf16(a)` (§3.12).
+//!
+//! # `expf` and exactness
+//!
+//! Upstream's SwiGLU ops are bit-exact only because their reference also runs on the GPU: CUDA's
+//! (non-fast-math) `expf` is not correctly rounded (it differs from the correctly rounded `exp`
+//! for about 7% of fp32 inputs, Appendix A.1) and its exact algorithm ends in the hardware
+//! approximation `ex2.approx`, which a CPU cannot reproduce bit for bit.
+//!
+//! The CPU references of this crate are therefore **parameterised by the `expf` they use**
+//! (`&dyn Fn(f32) -> f32`): everything except that one function is reproduced exactly,
+//! operation by operation, so given the GPU's `expf` values every output is bit-exact. The
+//! plain entry points use [`reference::swiglu::cpu_expf`](fn@crate::reference::swiglu::cpu_expf),
+//! the correctly rounded `exp` (through f64), documented as differing from CUDA's in the last
+//! bit(s) for some inputs. The GPU tests check, in this order:
+//!
+//! 1. **the activation itself**, within a tight tolerance derived from `expf`'s 2-ulp error
+//!    bound ([`reference::swiglu::activation_within_tolerance`](fn@crate::reference::swiglu::activation_within_tolerance)):
+//!    the forward op's fp32 output format
+//!    ([`SwigluOutFormat::F32`](crate::swiglu_forward_and_per_token_cast::SwigluOutFormat::F32))
+//!    *is* the activation after the weight;
+//! 2. **everything downstream, bit for bit**, either by feeding the GPU's activations to the
+//!    op's downstream reference (e.g.
+//!    [`reference::swiglu_forward_downstream`](fn@crate::reference::swiglu_forward_downstream)),
+//!    or by running the whole reference with a table of the GPU's own `expf` values
+//!    (e.g. [`reference::swiglu_backward_and_per_token_cast_with_expf`](fn@crate::reference::swiglu_backward_and_per_token_cast_with_expf)).
+//!
+//! No check is loosened: only the activation (or, in the backward, only `expf`) is compared
+//! with a tolerance.
+
+use tk_core::{HostView, Result, TkError};
+
+/// Validates an optional SwiGLU clamp value `C` (argument `swiglu_clamp_value`): finite and
+/// not negative. Upstream does not check it; a NaN or negative `C` would make the clamp
+/// meaningless (`v` would be forced to `C` whatever its value), so both are rejected here.
+pub fn check_clamp_value(c: Option<f32>) -> Result<()> {
+    match c {
+        Some(c) if !(c.is_finite() && c >= 0.0) => Err(TkError::param(
+            "swiglu_clamp_value",
+            format!("must be finite and >= 0 (l is clamped to <= C, v to [-C, C]); got {c}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `view` (argument `arg`) is a 1-D int32 vector of length `n` (any stride).
+pub(crate) fn check_vector(arg: &'static str, view: &HostView<'_, i32>, n: usize) -> Result<()> {
+    if view.shape() != [n] {
+        return Err(TkError::Shape {
+            arg,
+            expected: format!("({n},): one int32 entry per row of x"),
+            got: view.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `view` (argument `arg`) is 2-D, and returns its `(rows, cols)`.
+pub(crate) fn check_rank2<T: tk_core::Element>(
+    arg: &'static str,
+    view: &HostView<'_, T>,
+    what: &str,
+) -> Result<(usize, usize)> {
+    match *view.shape() {
+        [r, c] => Ok((r, c)),
+        _ => Err(TkError::Shape {
+            arg,
+            expected: format!("rank 2 {what}"),
+            got: view.shape().to_vec(),
+        }),
+    }
+}
