@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `transpose` (default) | [`tk_transpose`] | `transpose`, `batched_transpose` |
 //! | `quant` (default) | [`tk_quant`] | scale layouts and the CPU references of the casts (GPU kernels pending) |
+//! | `moe` (default) | [`tk_moe`] | CPU references of `get_fused_mapping`, `expand_to_fused(_with_sf)`, `reduce_fused`, `normalize_weight`, `group_count`, `aux_fi`, `inplace_unique_group_indices`, `mask_indices_by_tp` (GPU kernels pending) |
 //! | `gating` (default) | [`tk_gating`] | scoring functions and the CPU references of `topk_gate`, `topk_sum_and_topk_group_idx`, `top2_sum_gate` (GPU kernels pending) |
 //!
 //! The core types (devices, tensors, dtypes, errors) are re-exported from [`tk_core`] as
@@ -28,6 +29,9 @@ pub use tk_quant as quant;
 
 #[cfg(feature = "gating")]
 pub use tk_gating as gating;
+
+#[cfg(feature = "moe")]
+pub use tk_moe as moe;
 
 /// Every kernel specialisation registered by the enabled families, with the family's name
 /// (for compile checks and prewarming).

@@ -11,7 +11,7 @@
 //! * [`tensor`]: host and device tensors with shapes and strides, borrowed views, poisoning.
 //! * [`dtype`] and [`convert`]: the element types of `spec/quant.md` §1 and bit-exact
 //!   conversions between them.
-//! * [`error`]: the one error type, [`TkError`].
+//! * [`error`]: the one error type, [`TkError`]; [`validate`]: layout checks shared by ops.
 //! * [`testing`] and [`mod@bench`]: seeded generators, bit-exact comparison, the GPU-or-skip helper,
 //!   and CUDA-event timing with L2 flushes against the same-run copy ceiling.
 //!
@@ -37,6 +37,7 @@ pub mod error;
 pub mod kernel;
 pub mod tensor;
 pub mod testing;
+pub mod validate;
 
 pub use device::Device;
 pub use dtype::{DType, Element};
