@@ -459,8 +459,13 @@ impl QuantFormat {
 /// `(inf, 0)` when not rounded and, rounded, `e = 128`: `sf = +inf` and `inv` built from the
 /// wrapped exponent, which is `-inf`, exactly as the kernel computes it.
 pub fn compute_scale(amax: f32, fmt: QuantFormat, round_sf: bool) -> (f32, f32) {
-    let q = fmt.max_value();
-    let c = amax.max(fmt.eps());
+    compute_scale_with_eps(amax, fmt.max_value(), fmt.eps(), round_sf)
+}
+
+/// [`compute_scale`] with an explicit largest value `q` and clamp `eps` (ops such as the SwiGLU
+/// cast let the caller replace the format's `eps`).
+pub fn compute_scale_with_eps(amax: f32, q: f32, eps: f32, round_sf: bool) -> (f32, f32) {
+    let c = amax.max(eps);
     if !round_sf {
         return (c / q, q / c);
     }

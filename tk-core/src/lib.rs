@@ -35,6 +35,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod kernel;
+pub mod math;
 pub mod tensor;
 pub mod testing;
 pub mod validate;

@@ -143,17 +143,9 @@ impl FromStr for ScoringFunc {
     }
 }
 
-/// `exp(x)` correctly rounded to fp32 (f64 libm, rounded once; see the module docs). The GPU's
-/// `expf` is within 2 ulp of this.
-pub fn expf(x: f32) -> f32 {
-    (x as f64).exp() as f32
-}
-
-/// `log(1 + x)` correctly rounded to fp32 (f64 libm, rounded once). The GPU's `log1pf` is within
-/// 1 ulp of this.
-pub fn log1pf(x: f32) -> f32 {
-    (x as f64).ln_1p() as f32
-}
+/// `exp(x)` and `log(1 + x)` correctly rounded to fp32 (tk-core's; the GPU's `expf` is within
+/// 2 ulp and `log1pf` within 1 ulp of these).
+pub use tk_core::math::{expf, log1pf};
 
 /// The softplus threshold: above it (strictly), softplus returns its input.
 pub const SOFTPLUS_THRESHOLD: f32 = 20.0;

@@ -8,22 +8,17 @@
 //! | [`swiglu_activation`] | `fl(fl(l / fl(1 + expf(−l))) · v)` after the clamp, with a caller-given `expf` |
 //! | [`activation_within_tolerance`] | the tolerance between a GPU activation and this one |
 
-use tk_core::convert::compute_scale;
+use tk_core::convert::{compute_scale, compute_scale_with_eps};
 
 use crate::scale::{HostScales, ScaleGrid, ScaleLayout};
 use crate::types::{CastFormat, QuantData};
 use tk_core::Result;
 
-/// The CPU `expf` of the references: `exp` evaluated in f64 and rounded once to f32, i.e. the
-/// correctly rounded `e^x` (the f64 result is accurate to well under one f64 ulp, so the final
-/// rounding is correct except in cases closer to a rounding boundary than 2^-29 f32 ulps).
+/// The CPU `expf` of the references: [`tk_core::math::expf`], `e^x` correctly rounded.
 ///
 /// CUDA's `expf` (maximum error 2 ulps, Appendix A.1) returns the same value for about 93% of
-/// fp32 inputs and differs in the last bit(s) otherwise; see [`crate::swiglu`]. Overflow gives
-/// `+inf` (for `x > ~88.72`), underflow goes through the subnormals to `+0`.
-pub fn cpu_expf(x: f32) -> f32 {
-    (x as f64).exp() as f32
-}
+/// fp32 inputs and differs in the last bit(s) otherwise; see [`crate::swiglu`].
+pub use tk_core::math::expf as cpu_expf;
 
 /// The clamp of the gate: `(C, true)` if `l > C`, else `(l, false)`; no clamp without `C`.
 pub fn clamp_gate(l: f32, c: Option<f32>) -> (f32, bool) {
@@ -92,19 +87,10 @@ pub(crate) fn scale_pair(
     eps: Option<f32>,
     round_sf: bool,
 ) -> (f32, f32) {
-    let Some(eps) = eps else {
-        return compute_scale(amax, fmt.quant_format(), round_sf);
-    };
-    let c = amax.max(eps);
-    let q = fmt.max_value();
-    if !round_sf {
-        return (c / q, q / c);
+    match eps {
+        None => compute_scale(amax, fmt.quant_format(), round_sf),
+        Some(eps) => compute_scale_with_eps(amax, fmt.max_value(), eps, round_sf),
     }
-    let u = (c / q).to_bits();
-    let e = (u.wrapping_sub(1) >> 23) as i32 + 1 - 127;
-    let sf = f32::from_bits((127i32.wrapping_add(e) as u32) << 23);
-    let inv = f32::from_bits((127i32.wrapping_sub(e) as u32) << 23);
-    (sf, inv)
 }
 
 /// The parameters of [`cast_rows`].
