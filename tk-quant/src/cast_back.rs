@@ -105,3 +105,151 @@ pub fn validate_e5m6(
     let layout = sf.check("x.sf", &grid)?;
     CastPlan::new_arg(m, k, block, layout, "x_block_size")
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU ops (feature `cuda`): `cuda/cast_back.cu`, one thread per 8 logical elements,
+/// 16-byte stores; bit-exact with [`crate::reference::cast_back_op`].
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use tk_core::error::DriverContext;
+    use tk_core::{DType, DeviceTensor, DeviceViewMut, KernelSource, KernelSpec, Result};
+
+    use super::validate_dims;
+    use crate::cast::check_same_device;
+    use crate::device::{check_contiguous, DeviceQuantDataView, DeviceQuantInput, DeviceScaleView};
+    use crate::types::{CastFormat, DequantElement};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "cast_back.cu",
+        entry: "tk_cast_back",
+        code: include_str!("../cuda/cast_back.cu"),
+        headers: &[("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh"))],
+        needs_cuda_headers: true,
+    };
+
+    /// The kernel arguments, field for field `Params` in `cuda/cast_back.cu`.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    struct CastBackArgs {
+        x: u64,
+        ldx: u64,
+        x_sf: u64,
+        xsf_s0: u64,
+        xsf_s1: u64,
+        out: u64,
+        m: u64,
+        k: u64,
+    }
+
+    // SAFETY: `repr(C)` plain old data (8 × u64, no padding), laid out exactly as the
+    // kernel's `Params`, which the kernel receives by value.
+    unsafe impl DeviceRepr for CastBackArgs {}
+
+    /// The specialisation for data `fmt`, packed or fp32 scales, `block`, output `out` and
+    /// vector accesses.
+    pub(crate) fn kernel_spec(
+        fmt: CastFormat,
+        packed_sf: bool,
+        block: (usize, usize),
+        out: DType,
+        vecio: bool,
+    ) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_IN", if fmt == CastFormat::E4M3 { 2 } else { 3 })
+            .define("TK_IN_SF", packed_sf as u8)
+            .define("TK_BM", block.0)
+            .define("TK_BK", block.1)
+            .define("TK_OUT", (out == DType::BF16) as u8)
+            .define("TK_VECIO", vecio as u8)
+    }
+
+    /// The specialisations of the spec's grids (for compile checks and prewarm).
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+            for (packed, block) in [(true, (1, 128)), (false, (128, 128)), (false, (128, 1))] {
+                for out in [DType::F32, DType::BF16] {
+                    v.push(kernel_spec(fmt, packed, block, out, true));
+                }
+            }
+        }
+        v
+    }
+
+    /// Dequantizes `x` (e4m3 `(M, K)` or packed e2m1 `(M, K/2)` with scales for `x.block`,
+    /// logical `K % 64 == 0`) to a new contiguous `(M, K)` fp32 or bf16 tensor. Enqueued on the
+    /// data's stream; no host sync.
+    pub fn cast_back<O: DequantElement>(x: &DeviceQuantInput<'_>) -> Result<DeviceTensor<O>> {
+        let g = x.validate()?;
+        validate_dims(g.m, g.k, x.block, g.sf_layout)?;
+        let mut out = x.data.device().alloc::<O>(&[g.m, g.k])?;
+        cast_back_into(x, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`cast_back`] into a caller-provided contiguous `(M, K)` `out`.
+    pub fn cast_back_into<O: DequantElement>(
+        x: &DeviceQuantInput<'_>,
+        out: &mut DeviceViewMut<'_, O>,
+    ) -> Result<()> {
+        let g = x.validate()?;
+        let plan = validate_dims(g.m, g.k, x.block, g.sf_layout)?;
+        check_contiguous("out", out.layout(), &[plan.m, plan.k])?;
+        let dev = x.data.device();
+        check_same_device("out", dev, out.device())?;
+        check_same_device("x.sf", dev, x.sf.device())?;
+        if plan.m == 0 {
+            return Ok(());
+        }
+        let (xsf_s0, xsf_s1) = x.sf.strides();
+        let fmt = x.data.format();
+        let args = CastBackArgs {
+            x: x.data.address(),
+            ldx: x.data.layout().strides()[0] as u64,
+            x_sf: x.sf.address(),
+            xsf_s0,
+            xsf_s1,
+            out: out.address(),
+            m: plan.m as u64,
+            k: plan.k as u64,
+        };
+        // Fragments are 8 logical elements: 8 bytes of e4m3 or 4 of e2m1 per load, 16 or 32
+        // bytes per store; `K % 64 == 0` keeps every row start aligned when the base is.
+        let load_bytes = 8 / fmt.values_per_byte() as u64;
+        let vecio = args.x % load_bytes == 0 && (args.ldx % load_bytes == 0) && args.out % 16 == 0;
+        let packed = matches!(x.sf, DeviceScaleView::Packed(_));
+        let spec = kernel_spec(fmt, packed, x.block, O::DTYPE, vecio);
+        let f = dev.function(&spec)?;
+        let frags = plan.m * (plan.k / 8);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                frags.div_ceil(256).min(dev.props().sm_count as usize * 64) as u32,
+                1,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&args);
+        // SAFETY: x was validated (shape, row stride, scales of the grid's shape through their
+        // strides) and out is contiguous (M, K) on the same device; the kernel reads
+        // x[r, 0..K] and the scales inside their grid and writes out[r, 0..K] for r < M only,
+        // with vector accesses only where `vecio` proved the alignment. The buffers outlive
+        // the stream-ordered launch.
+        unsafe { l.launch(cfg) }.ctx("launching tk_cast_back")?;
+        Ok(())
+    }
+
+    /// `per_token_cast_back`: [`cast_back`] with block `(1, npc)`.
+    pub fn per_token_cast_back<O: DequantElement>(
+        data: DeviceQuantDataView<'_>,
+        sf: DeviceScaleView<'_>,
+        num_per_channels: usize,
+    ) -> Result<DeviceTensor<O>> {
+        cast_back(&DeviceQuantInput::new(data, sf, (1, num_per_channels)))
+    }
+}

@@ -55,7 +55,11 @@
 // Without the CPU backend the links to it in these docs have no target.
 #![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
 
+#[cfg(feature = "cuda")]
+mod cast;
 pub mod cast_back;
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod per_block_cast;
 pub mod per_block_cast_lossless;
 pub mod per_channel_cast;
@@ -72,11 +76,31 @@ pub mod swiglu_forward_and_per_channel_cast_and_transpose;
 pub mod swiglu_forward_and_per_token_cast;
 pub mod types;
 
+#[cfg(feature = "cuda")]
+pub use cast_back::{cast_back, cast_back_into, per_token_cast_back};
+#[cfg(feature = "cuda")]
+pub use device::{
+    DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataView,
+    DeviceQuantDataViewMut, DeviceQuantInput, DeviceScaleView, DeviceScales,
+};
 pub use per_block_cast::PerBlockCastParams;
+#[cfg(feature = "cuda")]
+pub use per_block_cast::{
+    per_block_cast, per_block_cast_into, per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+};
 pub use per_block_cast_lossless::{LosslessCastParams, LosslessPlan};
 pub use per_channel_cast::PerChannelCastParams;
+#[cfg(feature = "cuda")]
+pub use per_channel_cast::{per_channel_cast, per_channel_cast_into};
 pub use per_channel_cast_and_transpose::PerChannelCastAndTransposeParams;
 pub use per_channel_cast_fused::{FusedInput, PerChannelCastFusedParams};
+#[cfg(feature = "cuda")]
+pub use per_token_cast::{
+    per_token_cast, per_token_cast_into, per_token_cast_with_precomputed_sf,
+    per_token_cast_with_precomputed_sf_into, per_token_cast_with_sf_only,
+    per_token_cast_with_sf_only_into,
+};
 pub use per_token_cast::{PerTokenCastParams, PerTokenE5M6Params};
 pub use plan::{CastMode, CastPlan};
 pub use scale::{HostScales, ScaleGrid, ScaleLayout, ScaleOptions, ScaleView};
@@ -88,3 +112,19 @@ pub use swiglu_forward_and_per_token_cast::{
 pub use types::{
     CastFormat, CastInput, DequantElement, PlainInput, QuantData, QuantDataView, QuantInput,
 };
+
+/// Every kernel specialisation the tests and benchmarks of this crate launch (for compile
+/// checks and [`prewarm`]). Other shapes compile on first use.
+#[cfg(feature = "cuda")]
+pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
+    let mut v = cast::registered_kernels();
+    v.extend(cast_back::registered_kernels());
+    v
+}
+
+/// Compiles (or loads from the disk cache) [`registered_kernels`] on `dev`, e.g. before
+/// capturing a CUDA graph.
+#[cfg(feature = "cuda")]
+pub fn prewarm(dev: &tk_core::Device) -> tk_core::Result<()> {
+    dev.prewarm(&registered_kernels())
+}

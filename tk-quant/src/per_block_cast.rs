@@ -112,3 +112,89 @@ pub fn validate_dims(
     let layout = scale_layout(&params.opts, mode)?;
     CastPlan::new(m, k, (bm, bk), layout)
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU ops (feature `cuda`): the same rules as [`validate`], one kernel (`cuda/cast.cu`)
+/// with block `(bm, bk)`; bit-exact with [`crate::reference::per_block_cast`] and its variants.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use tk_core::{DeviceView, Result};
+
+    use super::{validate_dims, PerBlockCastParams};
+    use crate::cast::{self, CastOutputs};
+    use crate::device::{
+        DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales,
+    };
+    use crate::plan::{CastMode, CastPlan};
+
+    fn plan(x: &DevicePlainInput<'_>, p: &PerBlockCastParams, mode: CastMode) -> Result<CastPlan> {
+        let (m, k) = x.validate("x")?;
+        validate_dims(m, k, p, mode)
+    }
+
+    /// Per-block cast of `x` (fp32/bf16 `(M, K)`, `K % 64 == 0`) to `params.fmt`: data
+    /// `(M, K)` e4m3 / `(M, K/2)` packed e2m1 and scales of grid `(ceil(M/bm), K/bk)`.
+    pub fn per_block_cast(
+        x: &DevicePlainInput<'_>,
+        params: &PerBlockCastParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let plan = plan(x, params, CastMode::Cast)?;
+        cast::cast_alloc(
+            &DeviceCastInput::Plain(x.clone()),
+            params.fmt,
+            &plan,
+            params.opts.round_sf,
+        )
+    }
+
+    /// [`per_block_cast`] into caller-provided contiguous `out` and `out_sf`.
+    pub fn per_block_cast_into(
+        x: &DevicePlainInput<'_>,
+        params: &PerBlockCastParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let plan = plan(x, params, CastMode::Cast)?;
+        let outs = CastOutputs {
+            out: Some(out),
+            out_sf: Some(out_sf),
+            sf: None,
+        };
+        let x = DeviceCastInput::Plain(x.clone());
+        cast::launch(
+            &x,
+            params.fmt,
+            &plan,
+            params.opts.round_sf,
+            CastMode::Cast,
+            outs,
+        )
+    }
+
+    /// The scales of [`per_block_cast`] only (`per_block_cast_with_sf_only`).
+    pub fn per_block_cast_with_sf_only(
+        x: &DevicePlainInput<'_>,
+        params: &PerBlockCastParams,
+    ) -> Result<DeviceScales> {
+        let plan = plan(x, params, CastMode::SfOnly)?;
+        cast::sf_only_alloc(
+            &DeviceCastInput::Plain(x.clone()),
+            params.fmt,
+            &plan,
+            params.opts.round_sf,
+        )
+    }
+
+    /// The data of a per-block cast with caller-given fp32 layout-A scales `sf`
+    /// `(ceil(M/bm), K/bk)` (any row stride): `inv = fl(1/sf)` per block.
+    pub fn per_block_cast_with_precomputed_sf(
+        x: &DevicePlainInput<'_>,
+        params: &PerBlockCastParams,
+        sf: &DeviceView<'_, f32>,
+    ) -> Result<DeviceQuantData> {
+        let plan = plan(x, params, CastMode::PrecomputedSf)?;
+        cast::precomputed_alloc(&DeviceCastInput::Plain(x.clone()), params.fmt, &plan, sf)
+    }
+}

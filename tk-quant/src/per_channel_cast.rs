@@ -107,3 +107,58 @@ pub fn validate_dims(m: usize, k: usize, params: &PerChannelCastParams) -> Resul
     }
     CastPlan::new(m, k, (NUM_PER_TOKENS, 1), ScaleLayout::RowMajorF32)
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU ops (feature `cuda`): the same rules as [`validate`], one kernel (`cuda/cast.cu`)
+/// with block `(128, 1)`; bit-exact with [`crate::reference::per_channel_cast`].
+#[cfg(feature = "cuda")]
+mod gpu {
+    use tk_core::Result;
+
+    use super::{validate_dims, PerChannelCastParams};
+    use crate::cast::{self, CastOutputs};
+    use crate::device::{
+        DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales,
+    };
+    use crate::plan::CastMode;
+    use crate::types::CastFormat;
+
+    /// Per-channel cast of `x` (fp32/bf16 `(M, K)`, `M % 128 == 0`, `K % 64 == 0`) to e4m3:
+    /// data `(M, K)` and fp32 row-major scales `(M/128, K)`.
+    pub fn per_channel_cast(
+        x: &DevicePlainInput<'_>,
+        params: &PerChannelCastParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let (m, k) = x.validate("x")?;
+        let plan = validate_dims(m, k, params)?;
+        let x = DeviceCastInput::Plain(x.clone());
+        cast::cast_alloc(&x, CastFormat::E4M3, &plan, params.round_sf)
+    }
+
+    /// [`per_channel_cast`] into caller-provided contiguous `out` (e4m3) and `out_sf`.
+    pub fn per_channel_cast_into(
+        x: &DevicePlainInput<'_>,
+        params: &PerChannelCastParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let (m, k) = x.validate("x")?;
+        let plan = validate_dims(m, k, params)?;
+        let outs = CastOutputs {
+            out: Some(out),
+            out_sf: Some(out_sf),
+            sf: None,
+        };
+        let x = DeviceCastInput::Plain(x.clone());
+        cast::launch(
+            &x,
+            CastFormat::E4M3,
+            &plan,
+            params.round_sf,
+            CastMode::Cast,
+            outs,
+        )
+    }
+}

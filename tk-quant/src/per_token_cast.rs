@@ -234,3 +234,116 @@ pub fn validate_e5m6_dims(m: usize, k: usize, params: &PerTokenE5M6Params) -> Re
     require_multiple("x", &[m, k], "K", k, 8, "E5M6 packs 8 values into 12 bytes")?;
     CastPlan::new(m, k, (1, k), layout)
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU ops (feature `cuda`): the same rules as [`validate`], one kernel (`cuda/cast.cu`)
+/// with block `(1, npc)`; bit-exact with [`crate::reference::per_token_cast`] and its variants.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use tk_core::{DeviceView, Result};
+
+    use super::{validate_dims, PerTokenCastParams};
+    use crate::cast::{self, CastOutputs};
+    use crate::device::{DeviceCastInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
+    use crate::plan::{CastMode, CastPlan};
+
+    fn plan(x: &DeviceCastInput<'_>, p: &PerTokenCastParams, mode: CastMode) -> Result<CastPlan> {
+        let (m, k, quantized) = x.validate()?;
+        validate_dims(m, k, quantized, p, mode)
+    }
+
+    /// Per-token cast of `x` (fp32/bf16 `(M, K)`, or e4m3/e2m1 data with its scales) to
+    /// `params.fmt`: data `(M, K)` e4m3 / `(M, K/2)` packed e2m1 and scales of grid
+    /// `(M, ceil(K/npc))` in the layout the options select. Enqueued on `x`'s stream.
+    pub fn per_token_cast(
+        x: &DeviceCastInput<'_>,
+        params: &PerTokenCastParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let plan = plan(x, params, CastMode::Cast)?;
+        cast::cast_alloc(x, params.fmt, &plan, params.opts.round_sf)
+    }
+
+    /// [`per_token_cast`] into caller-provided contiguous `out` and `out_sf` (of the plan's
+    /// layout and grid).
+    pub fn per_token_cast_into(
+        x: &DeviceCastInput<'_>,
+        params: &PerTokenCastParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let plan = plan(x, params, CastMode::Cast)?;
+        let outs = CastOutputs {
+            out: Some(out),
+            out_sf: Some(out_sf),
+            sf: None,
+        };
+        cast::launch(
+            x,
+            params.fmt,
+            &plan,
+            params.opts.round_sf,
+            CastMode::Cast,
+            outs,
+        )
+    }
+
+    /// The scales of [`per_token_cast`] only (`per_token_cast_with_sf_only`).
+    pub fn per_token_cast_with_sf_only(
+        x: &DeviceCastInput<'_>,
+        params: &PerTokenCastParams,
+    ) -> Result<DeviceScales> {
+        let plan = plan(x, params, CastMode::SfOnly)?;
+        cast::sf_only_alloc(x, params.fmt, &plan, params.opts.round_sf)
+    }
+
+    /// [`per_token_cast_with_sf_only`] into caller-provided `out_sf`.
+    pub fn per_token_cast_with_sf_only_into(
+        x: &DeviceCastInput<'_>,
+        params: &PerTokenCastParams,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let plan = plan(x, params, CastMode::SfOnly)?;
+        let outs = CastOutputs {
+            out: None,
+            out_sf: Some(out_sf),
+            sf: None,
+        };
+        cast::launch(
+            x,
+            params.fmt,
+            &plan,
+            params.opts.round_sf,
+            CastMode::SfOnly,
+            outs,
+        )
+    }
+
+    /// The data of a per-token cast with caller-given fp32 layout-A scales `sf`
+    /// `(M, ceil(K/npc))` (any row stride): `inv = fl(1/sf)` per group.
+    pub fn per_token_cast_with_precomputed_sf(
+        x: &DeviceCastInput<'_>,
+        params: &PerTokenCastParams,
+        sf: &DeviceView<'_, f32>,
+    ) -> Result<DeviceQuantData> {
+        let plan = plan(x, params, CastMode::PrecomputedSf)?;
+        cast::precomputed_alloc(x, params.fmt, &plan, sf)
+    }
+
+    /// [`per_token_cast_with_precomputed_sf`] into a caller-provided contiguous `out`.
+    pub fn per_token_cast_with_precomputed_sf_into(
+        x: &DeviceCastInput<'_>,
+        params: &PerTokenCastParams,
+        sf: &DeviceView<'_, f32>,
+        out: &mut DeviceQuantDataViewMut<'_>,
+    ) -> Result<()> {
+        let plan = plan(x, params, CastMode::PrecomputedSf)?;
+        let outs = CastOutputs {
+            out: Some(out),
+            out_sf: None,
+            sf: Some(sf),
+        };
+        cast::launch(x, params.fmt, &plan, false, CastMode::PrecomputedSf, outs)
+    }
+}

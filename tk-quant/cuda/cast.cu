@@ -1,0 +1,319 @@
+// Block-scaled cast to FP8 e4m3 / FP4 e2m1 (spec/quant.md §2.1; the per-token §3.1, per-block
+// §3.3 and per-channel §3.5 casts are this kernel with a particular scale block (BM, BK)).
+//
+//   v   = fp32(x[r, c])                      plain input, or
+//   v   = fl(dec(x[r, c]) * s_in[r/IH, c/IW])  quantized input
+//   amax = max |v| over the block (NaN ignored: fmaxf), (sf, inv) per §1.4
+//   out = enc(fl(v * inv)), sf stored in layout A / B / C with zero padding
+//
+// Compile-time constants (defines):
+//   TK_IN        0 fp32, 1 bf16 (plain); 2 e4m3, 3 packed e2m1 (quantized, with input scales)
+//   TK_IN_SF     (quantized input) 0 fp32 scales with any strides, 1 packed UE8M0 int32
+//   TK_IH, TK_IW (quantized input) the input scale block
+//   TK_BM, TK_BK the output scale block. Tiled path: BM = 1 or 8 * rows-per-thread (<= 128),
+//                BK = 1 or VEC * 2^j <= 32 * VEC. TK_BK = 0: one scale per row (whole-row path).
+//   TK_FMT       0 e4m3 (Q = 448), 1 e2m1 (Q = 6)
+//   TK_SF_OUT    0 layout A (row-major fp32), 1 layout B (column-major fp32, rows padded to 4),
+//                2 layout C (packed UE8M0, column-major)
+//   TK_ROUND     1: power-of-two scales
+//   TK_MODE      0 data + scales, 1 scales only, 2 data from precomputed fp32 layout-A scales
+//   TK_VECIO     1: vector accesses (aligned rows, K % VEC == 0); 0: element accesses
+//   TK_THREADS, TK_NF  (whole-row path) threads per CTA and fragments per thread
+#include "tk/quant_io.cuh"
+#include <cuda_fp4.h>
+
+// Kernel arguments (one struct, passed by value; mirrored by `CastArgs` in src/cast.rs).
+struct Params {
+    u64 x;             // input: (M, K) fp32/bf16/e4m3 or (M, K/2) e2m1 bytes, row stride ldx
+    u64 ldx;           // row stride of x in storage elements
+    u64 x_sf;          // input scales (quantized input): fp32 or packed int32
+    u64 xsf_s0, xsf_s1;  // their element strides
+    u64 out;           // (M, K) e4m3 or (M, K/2) e2m1, contiguous
+    u64 sf;            // output scales (full allocation), or precomputed fp32 scales (mode 2)
+    u64 sf_ld;         // row stride of the precomputed scales
+    u64 m, k;          // logical shape
+    u64 nbm, nbk;      // scale grid
+    u64 rows_aligned;  // align(nbm, 4): padded rows of layouts B and C
+};
+
+#if TK_FMT == 0
+#define TK_Q 448.0f
+#define TK_EPS __uint_as_float(0x38D1B717u)  // 1e-4
+#else
+#define TK_Q 6.0f
+#define TK_EPS __uint_as_float(0x01C00000u)  // 6 * 2^-126
+#endif
+
+// The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
+// Columns >= K give 0.
+__device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u64 c0, float (&v)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = decode_elem(raw, j);
+#if TK_IN >= 2
+    if constexpr (TK_IW % VEC == 0) {
+        const float s = in_scale(reinterpret_cast<const void*>(p.x_sf), p.xsf_s0, p.xsf_s1, r / TK_IH, c0 / TK_IW);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = __fmul_rn(v[j], s);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            if (c0 + j < p.k) v[j] = __fmul_rn(v[j], in_scale(reinterpret_cast<const void*>(p.x_sf), p.xsf_s0, p.xsf_s1, r / TK_IH, (c0 + j) / TK_IW));
+    }
+#endif
+}
+
+// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4).
+__device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
+    const float c = fmaxf(amax, TK_EPS);
+#if TK_ROUND
+    const u32 u = __float_as_uint(__fdiv_rn(c, TK_Q));
+    const int e = (int)((u - 1) >> 23) + 1 - 127;
+    sf = __uint_as_float((u32)(127 + e) << 23);
+    inv = __uint_as_float((u32)(127 - e) << 23);
+#else
+    sf = __fdiv_rn(c, TK_Q);
+    inv = __fdiv_rn(TK_Q, c);
+#endif
+}
+
+#if TK_MODE != 2
+// Stores S[mb, kb] (mb < nbm, kb < nbk) in the output layout, plus the padding attached to it
+// (rows nbm..rows_aligned below the last row; in layout C, bytes nbk..4*ceil(nbk/4) right of
+// the last column), so that every padding element is written zero exactly once.
+__device__ __forceinline__ void store_sf(const Params& p, u64 mb, u64 kb, float sf) {
+    const u64 ra = p.rows_aligned;
+#if TK_SF_OUT == 0
+    reinterpret_cast<float*>(p.sf)[mb * p.nbk + kb] = sf;  // (nbm, nbk)
+#elif TK_SF_OUT == 1
+    float* s = reinterpret_cast<float*>(p.sf);  // storage (nbk, ra)
+    s[kb * ra + mb] = sf;
+    if (mb + 1 == p.nbm)
+        for (u64 r = p.nbm; r < ra; ++r) s[kb * ra + r] = 0.0f;
+#else
+    u8* s = reinterpret_cast<u8*>(p.sf);  // storage (ceil(nbk/4), ra) int32 as bytes
+    const u64 kend = 4 * ((p.nbk + 3) / 4);
+    s[4 * ((kb / 4) * ra + mb) + kb % 4] = (u8)(__float_as_uint(sf) >> 23);
+    if (mb + 1 == p.nbm)
+        for (u64 r = p.nbm; r < ra; ++r) s[4 * ((kb / 4) * ra + r) + kb % 4] = 0;
+    if (kb + 1 == p.nbk)
+        for (u64 k2 = p.nbk; k2 < kend; ++k2)
+            for (u64 r = mb; r < (mb + 1 == p.nbm ? ra : mb + 1); ++r) s[4 * ((k2 / 4) * ra + r) + k2 % 4] = 0;
+#endif
+}
+#endif
+
+#if TK_MODE != 1
+// Bytes q[at..at+4] as one little-endian word.
+template <int N>
+__device__ __forceinline__ u32 pack4(const u8 (&q)[N], int at) {
+    return q[at] | q[at + 1] << 8 | q[at + 2] << 16 | (u32)q[at + 3] << 24;
+}
+
+// Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
+__device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
+#if TK_FMT == 0
+    u8 q[VEC];  // (VEC,) e4m3 codes
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) q[j] = __nv_cvt_float_to_fp8(__fmul_rn(v[j], inv[j]), __NV_SATFINITE, __NV_E4M3);
+    u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c0;  // (VEC,) bytes of row r
+#if TK_VECIO
+    if constexpr (VEC == 8)
+        *reinterpret_cast<uint2*>(dst) = make_uint2(pack4(q, 0), pack4(q, 4));
+    else
+        *reinterpret_cast<u32*>(dst) = pack4(q, 0);
+#else
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+        if (c0 + j < p.k) dst[j] = q[j];
+#endif
+#else
+    u8 q[VEC / 2];  // (VEC/2,) packed e2m1 pairs, even column in the low nibble
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j)
+        q[j] = (__nv_cvt_float_to_fp4(__fmul_rn(v[2 * j], inv[2 * j]), __NV_E2M1, cudaRoundNearest) & 0xF) |
+               (__nv_cvt_float_to_fp4(__fmul_rn(v[2 * j + 1], inv[2 * j + 1]), __NV_E2M1, cudaRoundNearest) << 4);
+    u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
+#if TK_VECIO
+    if constexpr (VEC == 8)
+        *reinterpret_cast<u32*>(dst) = pack4(q, 0);
+    else
+        *reinterpret_cast<u16*>(dst) = (u16)(q[0] | q[1] << 8);
+#else
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j)
+        if (c0 + 2 * j < p.k) dst[j] = q[j];
+#endif
+#endif
+}
+#endif
+
+#if TK_BK > 0
+// ---------------------------------------------------------------------------------------------
+// Tiled path. CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
+// (ly, lx) of warp w owns the fragments of rows tile_m*TM + (w*LY + ly)*RPT + i (i < RPT) at
+// columns tile_k*LX*VEC + lx*VEC .. (+VEC). BM == 1: each row is its own block row;
+// BM > 1: the tile's rows are one block row (TM == BM). A column block is LK = BK/VEC adjacent
+// lanes (BK >= VEC) or a single column (BK == 1).
+// ---------------------------------------------------------------------------------------------
+#ifndef TK_LX
+#error "TK_LX (lanes along K) must be defined for the tiled path"
+#endif
+constexpr int WARPS = 8;
+constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)
+constexpr int RPT = TK_BM == 1 ? 2 : TK_BM / (WARPS * LY);  // rows per thread
+constexpr int TM = WARPS * LY * RPT;                        // rows per tile
+constexpr int TKC = LX * VEC;                               // columns per tile
+constexpr int NR = TK_BM == 1 ? RPT : 1;                    // block rows per thread
+constexpr int NB = TK_BK == 1 ? VEC : 1;                    // block columns per thread
+constexpr int LK = TK_BK == 1 ? 1 : TK_BK / VEC;            // lanes per block column
+static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
+static_assert(TK_BK == 1 || (TK_BK % VEC == 0 && TKC % TK_BK == 0), "BK must be 1 or VEC * 2^j <= LX * VEC");
+
+extern "C" __global__ void __launch_bounds__(256) tk_cast(const Params p) {
+    __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
+    const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;
+    for (u64 tm = blockIdx.x; tm < tiles_m; tm += gridDim.x) {
+        for (u64 tk = blockIdx.y; tk < tiles_k; tk += gridDim.y) {
+            const u64 c0 = tk * TKC + lx * VEC;                  // first column of this thread's fragments
+            const u64 r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
+            const bool col_ok = c0 < p.k;
+            Raw raw[RPT];  // (RPT rows, VEC columns)
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                if (col_ok && r0 + i < p.m) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0);
+                else for (int w = 0; w < RAW_WORDS; ++w) raw[i].w[w] = 0;
+            }
+            float sf[NR][NB], inv[NR][NB];  // per block row and block column of the fragments
+#if TK_MODE == 2
+#pragma unroll
+            for (int i = 0; i < NR; ++i)
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const u64 mb = TK_BM == 1 ? r0 + i : tm, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
+                    sf[i][b] = (mb < p.nbm && kb < p.nbk) ? __ldg(reinterpret_cast<const float*>(p.sf) + mb * p.sf_ld + kb) : 1.0f;
+                    inv[i][b] = __frcp_rn(sf[i][b]);
+                }
+#else
+            float am[NR][NB];
+#pragma unroll
+            for (int i = 0; i < NR; ++i)
+#pragma unroll
+                for (int b = 0; b < NB; ++b) am[i][b] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                float v[VEC];
+                values(p, raw[i], r0 + i, c0, v);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    float& a = am[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
+                    a = fmaxf(a, fabsf(v[j]));
+                }
+            }
+#pragma unroll
+            for (int o = 1; o < LK; o <<= 1)
+#pragma unroll
+                for (int i = 0; i < NR; ++i) am[i][0] = fmaxf(am[i][0], __shfl_xor_sync(0xFFFFFFFFu, am[i][0], o));
+            if (TK_BM > 1) {
+#pragma unroll
+                for (int o = LX; o < 32; o <<= 1)
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) am[0][b] = fmaxf(am[0][b], __shfl_xor_sync(0xFFFFFFFFu, am[0][b], o));
+                if (ly == 0) {
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
+                }
+                __syncthreads();
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    float a = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][lx * NB + b]);
+                    am[0][b] = a;
+                }
+                __syncthreads();  // red is reused by the next tile
+            }
+#pragma unroll
+            for (int i = 0; i < NR; ++i)
+#pragma unroll
+                for (int b = 0; b < NB; ++b) compute_scale(am[i][b], sf[i][b], inv[i][b]);
+            if (col_ok && lx % LK == 0 && (TK_BM == 1 || (warp == 0 && ly == 0))) {
+#pragma unroll
+                for (int i = 0; i < NR; ++i)
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) {
+                        const u64 mb = TK_BM == 1 ? r0 + i : tm, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
+                        if (mb < p.nbm && kb < p.nbk) store_sf(p, mb, kb, sf[i][b]);
+                    }
+            }
+#endif
+#if TK_MODE != 1
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                if (!col_ok || r0 + i >= p.m) continue;
+                float v[VEC], iv[VEC];
+                values(p, raw[i], r0 + i, c0, v);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) iv[j] = inv[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
+                store_frag(p, r0 + i, c0, v, iv);
+            }
+#endif
+        }
+    }
+}
+
+#else
+// ---------------------------------------------------------------------------------------------
+// Whole-row path (one scale per row, plain input, data + scales): one CTA per row; thread t
+// owns fragments f = i*THREADS + t (i < NF), held in registers between the amax and the cast.
+// ---------------------------------------------------------------------------------------------
+#if TK_IN >= 2 || TK_MODE != 0 || TK_BM != 1
+#error "the whole-row path takes plain input, cast mode and BM == 1"
+#endif
+constexpr int NWARPS = TK_THREADS / 32;
+
+extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p) {
+    __shared__ float red[NWARPS];  // (warps,) partial amax
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (u64 r = blockIdx.x; r < p.m; r += gridDim.x) {
+        Raw raw[TK_NF];  // (NF fragments, VEC columns)
+        float am = 0.0f;
+#pragma unroll
+        for (int i = 0; i < TK_NF; ++i) {
+            const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
+            if (c0 < p.k) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r, c0);
+        }
+#pragma unroll
+        for (int i = 0; i < TK_NF; ++i) {
+            const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
+            if (c0 >= p.k) continue;
+            float v[VEC];
+            values(p, raw[i], r, c0, v);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) am = fmaxf(am, fabsf(v[j]));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
+        if (lane == 0) red[warp] = am;
+        __syncthreads();
+        am = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) am = fmaxf(am, red[w]);
+        __syncthreads();  // red is reused by the next row
+        float sf, inv;
+        compute_scale(am, sf, inv);
+        if (threadIdx.x == 0) store_sf(p, r, 0, sf);
+        float iv[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) iv[j] = inv;
+#pragma unroll
+        for (int i = 0; i < TK_NF; ++i) {
+            const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
+            if (c0 >= p.k) continue;
+            float v[VEC];
+            values(p, raw[i], r, c0, v);
+            store_frag(p, r, c0, v, iv);
+        }
+    }
+}
+#endif

@@ -1,0 +1,542 @@
+//! The GPU launch shared by the block-scaled casts (feature `cuda`): `per_token_cast` (block
+//! `(1, npc)`), `per_block_cast` (`(bm, bk)`) and `per_channel_cast` (`(npt, 1)`) are one
+//! kernel, `cuda/cast.cu`, specialised on the input kind, the scale block, the format, the
+//! scale layout, `round_sf` and the mode. It computes exactly
+//! [`reference::cast`](fn@crate::reference::cast) (data and scales bit for bit, scale padding
+//! written as zeros).
+//!
+//! Two paths:
+//! * **tiled** (per-token blocks `(1, bk)`, and blocks `(bm, bk)` with `bm` a multiple of 8
+//!   up to 128; `bk` = 1 or `VEC · 2^j`, `VEC` = 4 for fp32 input, 8 otherwise): a CTA of 8
+//!   warps owns a tile of `bm` (16 when `bm = 1`) rows × `LX · VEC` columns held in
+//!   registers, each warp `32/LX` row groups × `LX` lanes along K (`LX` = 32 for per-token
+//!   blocks, 8–32 for taller ones so that a thread holds at most 16 rows); block maxima come
+//!   from warp shuffles and, across warps, shared memory;
+//! * **whole row** (one scale per row, `npc == K`): one CTA per row, the row held in
+//!   registers (up to 32 fragments per thread: `K ≤ 131072` for fp32, `262144` for bf16).
+//!
+//! Accesses are 16-byte vectors (fp32, bf16 input; 8 / 4 bytes for e4m3 / e2m1 input) when the
+//! rows are aligned and `K % VEC == 0`, element-wise otherwise. No host synchronisation.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use tk_core::error::DriverContext;
+use tk_core::{Device, DeviceView, KernelSource, KernelSpec, Result, TkError};
+
+use crate::device::{
+    DeviceCastInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScaleView, DeviceScales,
+};
+use crate::plan::{CastMode, CastPlan};
+use crate::scale::{ScaleGrid, ScaleLayout};
+use crate::types::CastFormat;
+
+static SOURCE: KernelSource = KernelSource {
+    file: "cast.cu",
+    entry: "tk_cast",
+    code: include_str!("../cuda/cast.cu"),
+    headers: &[("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh"))],
+    needs_cuda_headers: true,
+};
+
+/// The kernel arguments, field for field `Params` in `cuda/cast.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct CastArgs {
+    x: u64,
+    ldx: u64,
+    x_sf: u64,
+    xsf_s0: u64,
+    xsf_s1: u64,
+    out: u64,
+    sf: u64,
+    sf_ld: u64,
+    m: u64,
+    k: u64,
+    nbm: u64,
+    nbk: u64,
+    rows_aligned: u64,
+}
+
+// SAFETY: `CastArgs` is `repr(C)` plain old data (13 × u64, no padding), laid out exactly as
+// the kernel's `Params`, which the kernel receives by value.
+unsafe impl DeviceRepr for CastArgs {}
+
+/// What a cast reads: the kernel's `TK_IN` (+ input scale kind and block for quantized input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum InputKind {
+    /// fp32 values.
+    F32,
+    /// bf16 values.
+    BF16,
+    /// Quantized data with scales (`packed`: UE8M0 int32, else fp32) for `block`.
+    Quantized {
+        fmt: CastFormat,
+        packed_sf: bool,
+        block: (usize, usize),
+    },
+}
+
+impl InputKind {
+    fn of(x: &DeviceCastInput<'_>) -> Self {
+        match x {
+            DeviceCastInput::Plain(p) => match p.dtype() {
+                tk_core::DType::F32 => InputKind::F32,
+                _ => InputKind::BF16,
+            },
+            DeviceCastInput::Quantized(q) => InputKind::Quantized {
+                fmt: q.data.format(),
+                packed_sf: matches!(q.sf, DeviceScaleView::Packed(_)),
+                block: q.block,
+            },
+        }
+    }
+
+    /// The kernel's `TK_IN`.
+    fn code(self) -> u8 {
+        match self {
+            InputKind::F32 => 0,
+            InputKind::BF16 => 1,
+            InputKind::Quantized {
+                fmt: CastFormat::E4M3,
+                ..
+            } => 2,
+            InputKind::Quantized { .. } => 3,
+        }
+    }
+
+    /// Logical elements per thread fragment.
+    fn vec(self) -> usize {
+        if self == InputKind::F32 {
+            4
+        } else {
+            8
+        }
+    }
+
+    /// Bits per logical element of the input storage.
+    fn bits(self) -> usize {
+        match self.code() {
+            0 => 32,
+            1 => 16,
+            2 => 8,
+            _ => 4,
+        }
+    }
+}
+
+/// One specialisation of `cuda/cast.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct CastKernel {
+    pub input: InputKind,
+    /// The output scale block; `bk == 0` selects the whole-row path.
+    pub block: (usize, usize),
+    pub fmt: CastFormat,
+    pub sf_layout: ScaleLayout,
+    pub round_sf: bool,
+    pub mode: CastMode,
+    pub vecio: bool,
+    /// Whole-row path: `(threads, fragments per thread)`.
+    pub whole_row: Option<(usize, usize)>,
+}
+
+/// Lanes of a warp along K on the tiled path for block `(bm, bk)` with `vec` elements per
+/// fragment: 32 for per-token blocks; for taller blocks as few as keep a column block within
+/// a warp row and at least 8 lanes (128-byte row segments of 16-byte fragments), so that each
+/// thread holds about 4 to 8 rows instead of `bm / 8`.
+fn lanes_k(bm: usize, bk: usize, vec: usize) -> usize {
+    if bm == 1 {
+        return 32;
+    }
+    let lk = if bk == 1 { 1 } else { bk / vec };
+    let mut lx = lk.clamp(8, 32);
+    while lx < 32 && bm < 8 * (32 / lx) {
+        lx *= 2; // at least one row per thread: bm >= 8 warps * LY
+    }
+    lx
+}
+
+impl CastKernel {
+    /// The kernel's defines.
+    pub fn spec(&self) -> KernelSpec {
+        let s = KernelSpec::new(&SOURCE)
+            .define("TK_IN", self.input.code())
+            .define("TK_BM", self.block.0)
+            .define("TK_BK", self.block.1)
+            .define(
+                "TK_FMT",
+                match self.fmt {
+                    CastFormat::E4M3 => 0,
+                    CastFormat::E2M1 => 1,
+                },
+            )
+            .define(
+                "TK_SF_OUT",
+                match self.sf_layout {
+                    ScaleLayout::RowMajorF32 => 0,
+                    ScaleLayout::ColMajorF32 => 1,
+                    ScaleLayout::PackedUe8m0 => 2,
+                },
+            )
+            .define("TK_ROUND", self.round_sf as u8)
+            .define(
+                "TK_MODE",
+                match self.mode {
+                    CastMode::Cast => 0,
+                    CastMode::SfOnly => 1,
+                    CastMode::PrecomputedSf => 2,
+                },
+            )
+            .define("TK_VECIO", self.vecio as u8);
+        let s = match self.input {
+            InputKind::Quantized {
+                packed_sf, block, ..
+            } => s
+                .define("TK_IN_SF", packed_sf as u8)
+                .define("TK_IH", block.0)
+                .define("TK_IW", block.1),
+            _ => s,
+        };
+        match self.whole_row {
+            Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
+            None => s.define("TK_LX", self.lx()),
+        }
+    }
+
+    /// Lanes along K on the tiled path.
+    fn lx(&self) -> usize {
+        lanes_k(self.block.0, self.block.1, self.input.vec())
+    }
+
+    /// Chooses the path for `plan` (tiled if the block fits it, else whole row).
+    fn choose(
+        input: InputKind,
+        plan: &CastPlan,
+        fmt: CastFormat,
+        round_sf: bool,
+        mode: CastMode,
+        vecio: bool,
+    ) -> Result<Self> {
+        let vec = input.vec();
+        let (bm, bk) = plan.block;
+        let lx = lanes_k(bm, bk, vec);
+        let tiled_bm = bm == 1 || (bm % (8 * (32 / lx)) == 0 && bm / (8 * (32 / lx)) <= 16);
+        let tiled_bk = bk == 1 || (bk % vec == 0 && (lx * vec) % bk == 0);
+        let mut kernel = Self {
+            input,
+            block: (bm, bk),
+            fmt,
+            sf_layout: plan.sf_layout,
+            round_sf,
+            mode,
+            vecio,
+            whole_row: None,
+        };
+        if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) {
+            return Ok(kernel);
+        }
+        let plain = !matches!(input, InputKind::Quantized { .. });
+        if bm == 1 && bk >= plan.k && plain && mode == CastMode::Cast {
+            let frags = plan.k.div_ceil(vec);
+            let threads = frags.div_ceil(4).next_power_of_two().clamp(32, 1024);
+            let nf = frags.div_ceil(threads);
+            if nf <= 32 {
+                kernel.block = (1, 0);
+                kernel.whole_row = Some((threads, nf));
+                return Ok(kernel);
+            }
+            return Err(TkError::param(
+                "num_per_channels",
+                format!(
+                    "a one-scale-per-row cast of K = {} columns exceeds the GPU kernel's limit \
+                     of {} columns for this input type; use a group size of 128 or less",
+                    plan.k,
+                    32 * 1024 * vec
+                ),
+            ));
+        }
+        Err(TkError::param(
+            "block_size",
+            format!(
+                "the GPU cast has no kernel for scale block ({bm}, {bk}) with this input and mode"
+            ),
+        ))
+    }
+
+    /// The launch shape for `plan`.
+    fn config(&self, plan: &CastPlan) -> LaunchConfig {
+        let big = i32::MAX as usize;
+        match self.whole_row {
+            Some((threads, _)) => LaunchConfig {
+                grid_dim: (plan.m.min(big) as u32, 1, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            None => {
+                let tm = if self.block.0 == 1 { 16 } else { self.block.0 };
+                let tk = self.lx() * self.input.vec();
+                LaunchConfig {
+                    grid_dim: (
+                        plan.m.div_ceil(tm).min(big) as u32,
+                        plan.k.div_ceil(tk).min(65535) as u32,
+                        1,
+                    ),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                }
+            }
+        }
+    }
+}
+
+/// The specialisations the tests and benchmarks of this crate launch (for compile checks and
+/// [`crate::prewarm`]): every input kind with the per-token, per-block and per-channel blocks
+/// of the spec's grids in layout C (and A for per-channel), and the whole-row path.
+pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    let inputs = [
+        InputKind::F32,
+        InputKind::BF16,
+        InputKind::Quantized {
+            fmt: CastFormat::E4M3,
+            packed_sf: true,
+            block: (128, 128),
+        },
+        InputKind::Quantized {
+            fmt: CastFormat::E2M1,
+            packed_sf: false,
+            block: (1, 32),
+        },
+    ];
+    for input in inputs {
+        for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+            for block in [(1, 32), (1, 128), (32, 32), (128, 128), (128, 1)] {
+                let (layout, round) = if block.1 == 1 {
+                    (ScaleLayout::RowMajorF32, true)
+                } else {
+                    (ScaleLayout::PackedUe8m0, true)
+                };
+                v.push(
+                    CastKernel {
+                        input,
+                        block,
+                        fmt,
+                        sf_layout: layout,
+                        round_sf: round,
+                        mode: CastMode::Cast,
+                        vecio: true,
+                        whole_row: None,
+                    }
+                    .spec(),
+                );
+            }
+        }
+    }
+    for input in [InputKind::F32, InputKind::BF16] {
+        v.push(
+            CastKernel {
+                input,
+                block: (1, 0),
+                fmt: CastFormat::E4M3,
+                sf_layout: ScaleLayout::ColMajorF32,
+                round_sf: false,
+                mode: CastMode::Cast,
+                vecio: true,
+                whole_row: Some((256, 4)),
+            }
+            .spec(),
+        );
+    }
+    v
+}
+
+/// Where a cast writes: data and/or scales per mode, and the precomputed scales it reads.
+pub(crate) struct CastOutputs<'o, 'a, 'b> {
+    /// The data (modes cast and precomputed).
+    pub out: Option<&'o mut DeviceQuantDataViewMut<'a>>,
+    /// The scales (modes cast and sf-only).
+    pub out_sf: Option<&'o mut DeviceScales>,
+    /// The precomputed fp32 layout-A scales (mode precomputed).
+    pub sf: Option<&'o DeviceView<'b, f32>>,
+}
+
+/// Checks that `dev` and `other` are the same device; errors name `arg`.
+pub(crate) fn check_same_device(arg: &'static str, dev: &Device, other: &Device) -> Result<()> {
+    if !dev.same_device(other) {
+        return Err(TkError::Placement {
+            arg,
+            msg: "must be on the same device as x".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks caller-provided output scales against the plan; errors name `out_sf`.
+pub(crate) fn check_out_scales(s: &DeviceScales, plan: &CastPlan) -> Result<()> {
+    if s.layout() != plan.sf_layout || s.grid() != plan.grid {
+        return Err(TkError::param(
+            "out_sf",
+            format!(
+                "expected {:?} scales of grid ({}, {}), got {:?} of grid ({}, {})",
+                plan.sf_layout,
+                plan.grid.nbm(),
+                plan.grid.nbk(),
+                s.layout(),
+                s.grid().nbm(),
+                s.grid().nbk()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks precomputed scales: fp32 `(nbm, nbk)`, unit column stride; errors name `sf`.
+fn check_precomputed(sf: &DeviceView<'_, f32>, grid: &ScaleGrid) -> Result<u64> {
+    let expected = [grid.nbm(), grid.nbk()];
+    if sf.shape() != expected {
+        return Err(TkError::Shape {
+            arg: "sf",
+            expected: format!("{expected:?}: fp32 (nbm, nbk) in layout A"),
+            got: sf.shape().to_vec(),
+        });
+    }
+    let st = sf.strides();
+    if grid.nbk() > 1 && grid.nbm() > 0 && st[1] != 1 {
+        return Err(TkError::Stride {
+            arg: "sf",
+            expected: "layout A: unit column stride (any row stride)".into(),
+            got: st.to_vec(),
+        });
+    }
+    Ok(st[0] as u64)
+}
+
+/// Validates the outputs against `plan` and `mode` and launches the cast of `x` (validated by
+/// the op into `plan`).
+pub(crate) fn launch(
+    x: &DeviceCastInput<'_>,
+    fmt: CastFormat,
+    plan: &CastPlan,
+    round_sf: bool,
+    mode: CastMode,
+    outs: CastOutputs<'_, '_, '_>,
+) -> Result<()> {
+    let dev = x.device();
+    let mut args = CastArgs {
+        m: plan.m as u64,
+        k: plan.k as u64,
+        nbm: plan.grid.nbm() as u64,
+        nbk: plan.grid.nbk() as u64,
+        rows_aligned: plan.grid.rows_aligned() as u64,
+        ..CastArgs::default()
+    };
+    let input = InputKind::of(x);
+    let vec = input.vec();
+    let frag_bytes = (vec * input.bits() / 8) as u64;
+    let mut aligned = plan.k % vec == 0;
+    match x {
+        DeviceCastInput::Plain(p) => {
+            args.x = p.address();
+            args.ldx = p.layout().strides()[0] as u64;
+        }
+        DeviceCastInput::Quantized(q) => {
+            args.x = q.data.address();
+            args.ldx = q.data.layout().strides()[0] as u64;
+            args.x_sf = q.sf.address();
+            (args.xsf_s0, args.xsf_s1) = q.sf.strides();
+        }
+    }
+    let storage_bytes = (input.bits() / 8).max(1) as u64;
+    aligned &= args.x % frag_bytes == 0 && (args.ldx * storage_bytes) % frag_bytes == 0;
+    if mode != CastMode::SfOnly {
+        let out = outs
+            .out
+            .ok_or_else(|| TkError::param("out", "missing data output"))?;
+        out.check_output("out", fmt, plan.m, plan.k)?;
+        check_same_device("out", dev, out.device())?;
+        args.out = out.address();
+        aligned &= args.out % (vec * 8 / fmt.values_per_byte() / 8) as u64 == 0;
+    }
+    if mode == CastMode::PrecomputedSf {
+        let sf = outs
+            .sf
+            .ok_or_else(|| TkError::param("sf", "missing precomputed scales"))?;
+        args.sf_ld = check_precomputed(sf, &plan.grid)?;
+        check_same_device("sf", dev, sf.device())?;
+        args.sf = sf.address();
+    } else {
+        let s = outs
+            .out_sf
+            .ok_or_else(|| TkError::param("out_sf", "missing scale output"))?;
+        check_out_scales(s, plan)?;
+        check_same_device("out_sf", dev, s.device())?;
+        args.sf = s.address();
+    }
+    let kernel = CastKernel::choose(input, plan, fmt, round_sf, mode, aligned)?;
+    if plan.m == 0 {
+        return Ok(());
+    }
+    let f = dev.function(&kernel.spec())?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(&args);
+    // SAFETY: the op validated x (shape, strides, scales against their grid) and this function
+    // validated every output (contiguous, exact shape, scale layout and grid) and the
+    // precomputed scales (shape, unit column stride), all on x's device; the kernel reads
+    // x[r, c] for r < M, c < K through the row stride, the input scales inside their grid
+    // through their strides, writes out[r, c] inside (M, K) and the scale storage inside
+    // its allocation (storage_len), and vector accesses are used only when `aligned` proved
+    // the alignment. All buffers outlive the stream-ordered launch.
+    unsafe { l.launch(kernel.config(plan)) }.ctx("launching tk_cast")?;
+    Ok(())
+}
+
+/// Allocates data and scales for `plan` and launches a cast (mode [`CastMode::Cast`]).
+pub(crate) fn cast_alloc(
+    x: &DeviceCastInput<'_>,
+    fmt: CastFormat,
+    plan: &CastPlan,
+    round_sf: bool,
+) -> Result<(DeviceQuantData, DeviceScales)> {
+    let dev = x.device();
+    let mut data = DeviceQuantData::alloc(dev, fmt, plan.m, plan.k)?;
+    let mut sf = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
+    let outs = CastOutputs {
+        out: Some(&mut data.view_mut()),
+        out_sf: Some(&mut sf),
+        sf: None,
+    };
+    launch(x, fmt, plan, round_sf, CastMode::Cast, outs)?;
+    Ok((data, sf))
+}
+
+/// Allocates the scales for `plan` and launches a scales-only cast.
+pub(crate) fn sf_only_alloc(
+    x: &DeviceCastInput<'_>,
+    fmt: CastFormat,
+    plan: &CastPlan,
+    round_sf: bool,
+) -> Result<DeviceScales> {
+    let mut sf = DeviceScales::alloc(x.device(), plan.sf_layout, plan.grid)?;
+    let outs = CastOutputs {
+        out: None,
+        out_sf: Some(&mut sf),
+        sf: None,
+    };
+    launch(x, fmt, plan, round_sf, CastMode::SfOnly, outs)?;
+    Ok(sf)
+}
+
+/// Allocates the data for `plan` and launches a cast with precomputed scales `sf`.
+pub(crate) fn precomputed_alloc(
+    x: &DeviceCastInput<'_>,
+    fmt: CastFormat,
+    plan: &CastPlan,
+    sf: &DeviceView<'_, f32>,
+) -> Result<DeviceQuantData> {
+    let mut data = DeviceQuantData::alloc(x.device(), fmt, plan.m, plan.k)?;
+    let outs = CastOutputs {
+        out: Some(&mut data.view_mut()),
+        out_sf: None,
+        sf: Some(sf),
+    };
+    launch(x, fmt, plan, false, CastMode::PrecomputedSf, outs)?;
+    Ok(data)
+}

@@ -1,0 +1,854 @@
+//! The GPU casts against the CPU references, bit for bit: data bytes and the scales' full
+//! allocation (padding included, which the kernels write as zeros). Outputs are poisoned before
+//! every launch; inputs are fresh random normals per case (`spec/quant.md` §4.2).
+//!
+//! Grids (§3.1, §3.3, §3.5, §3.8; `M = 0` added with TK_FULL_TEST): per-token casts from fp32,
+//! bf16, e4m3 and e2m1 input (896 cases, each also in sf-only and precomputed mode where the
+//! spec's test runs them, and from a row-strided view where it does), per-block casts (224),
+//! per-channel casts (28), cast back per token (224) and by blocks (112). Off-grid: odd and
+//! single rows, hidden sizes outside the grid, `npc = 16`, unaligned and padded views (the
+//! element-wise kernels), huge whole rows, NaN / ±inf / zero rows / subnormals, bad outputs.
+//!
+//! Cases run on all host cores (the CPU references dominate), each worker on its own stream.
+#![cfg(all(feature = "cuda", feature = "cpu"))]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::bf16;
+use tk_core::dtype::Ue8m0x4;
+use tk_core::testing::{assert_bits_eq, full_test, generate_hidden_sizes, gpu_or_skip, Rng};
+use tk_core::{Device, DeviceTensor, HostTensor, Layout, TkError};
+use tk_quant::reference;
+use tk_quant::{
+    CastFormat, CastInput, DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataView,
+    DeviceQuantInput, DeviceScaleView, DeviceScales, HostScales, PerBlockCastParams,
+    PerChannelCastParams, PerTokenCastParams, PlainInput, QuantData, QuantInput, ScaleLayout,
+    ScaleOptions,
+};
+
+const POISON: u8 = 0xA7;
+
+/// Runs `f` on every case, spread over the host's cores.
+fn par_cases<C: Sync>(cases: &[C], f: impl Fn(&C) + Sync) {
+    let workers = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(16);
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = cases.get(i) else { break };
+                f(c);
+            });
+        }
+    });
+}
+
+/// The spec's token counts: {4001, 8001}, plus 0 with TK_FULL_TEST.
+fn grid_ms(base: &[usize]) -> Vec<usize> {
+    let mut v = base.to_vec();
+    if full_test() {
+        v.insert(0, 0);
+    }
+    v
+}
+
+/// The two configurations of the spec's grids: (F, T, F) = layout A rounded, (T, T, T) = C.
+fn grid_configs() -> [ScaleOptions; 2] {
+    [ScaleOptions::row_major(true), ScaleOptions::packed_ue8m0()]
+}
+
+/// A plain host input, fp32 or bf16.
+enum HostPlain {
+    F32(HostTensor<f32>),
+    BF16(HostTensor<bf16>),
+}
+
+impl HostPlain {
+    fn randn(bf: bool, m: usize, k: usize, case: &str) -> Self {
+        let mut rng = Rng::for_case(case);
+        if bf {
+            HostPlain::BF16(rng.randn(&[m, k], bf16::from_f32))
+        } else {
+            HostPlain::F32(rng.randn(&[m, k], |v| v))
+        }
+    }
+
+    /// The view `layout` of the buffer as a plain input.
+    fn input(&self, layout: &Layout) -> PlainInput<'_> {
+        match self {
+            HostPlain::F32(t) => PlainInput::F32(t.view().with_layout(layout.clone()).unwrap()),
+            HostPlain::BF16(t) => PlainInput::BF16(t.view().with_layout(layout.clone()).unwrap()),
+        }
+    }
+
+    fn upload(&self, dev: &Device) -> DevPlain {
+        match self {
+            HostPlain::F32(t) => DevPlain::F32(dev.upload(t).unwrap()),
+            HostPlain::BF16(t) => DevPlain::BF16(dev.upload(t).unwrap()),
+        }
+    }
+}
+
+enum DevPlain {
+    F32(DeviceTensor<f32>),
+    BF16(DeviceTensor<bf16>),
+}
+
+impl DevPlain {
+    fn input(&self, layout: &Layout) -> DevicePlainInput<'_> {
+        match self {
+            DevPlain::F32(t) => {
+                DevicePlainInput::F32(t.view().with_layout(layout.clone()).unwrap())
+            }
+            DevPlain::BF16(t) => {
+                DevicePlainInput::BF16(t.view().with_layout(layout.clone()).unwrap())
+            }
+        }
+    }
+}
+
+/// Device copies of host quantized data and scales.
+struct DevQuant {
+    data: DevData,
+    sf: DevSf,
+    layout: ScaleLayout,
+    grid: tk_quant::ScaleGrid,
+}
+
+enum DevData {
+    E4M3(DeviceTensor<float8::F8E4M3>),
+    E2M1(DeviceTensor<tk_core::dtype::E2M1x2>),
+}
+
+enum DevSf {
+    F32(DeviceTensor<f32>),
+    Packed(DeviceTensor<Ue8m0x4>),
+}
+
+impl DevQuant {
+    fn upload(dev: &Device, q: &QuantData, s: &HostScales) -> Self {
+        let data = match q {
+            QuantData::E4M3(t) => DevData::E4M3(dev.upload(t).unwrap()),
+            QuantData::E2M1(t) => DevData::E2M1(dev.upload(t).unwrap()),
+        };
+        let sf = match (s.f32_storage(), s.packed_storage()) {
+            (Some(f), _) => DevSf::F32(
+                dev.upload(&HostTensor::from_vec(f.to_vec(), &[f.len()]).unwrap())
+                    .unwrap(),
+            ),
+            (_, Some(p)) => DevSf::Packed(
+                dev.upload(&HostTensor::from_vec(p.to_vec(), &[p.len()]).unwrap())
+                    .unwrap(),
+            ),
+            _ => unreachable!("scales are fp32 or packed"),
+        };
+        Self {
+            data,
+            sf,
+            layout: s.layout(),
+            grid: s.grid(),
+        }
+    }
+
+    fn input(&self, block: (usize, usize)) -> DeviceQuantInput<'_> {
+        let l = self.grid.tensor_layout(self.layout);
+        let data = match &self.data {
+            DevData::E4M3(t) => DeviceQuantDataView::E4M3(t.view()),
+            DevData::E2M1(t) => DeviceQuantDataView::E2M1(t.view()),
+        };
+        let sf = match &self.sf {
+            DevSf::F32(t) => DeviceScaleView::F32(t.view().with_layout(l).unwrap()),
+            DevSf::Packed(t) => DeviceScaleView::Packed(t.view().with_layout(l).unwrap()),
+        };
+        DeviceQuantInput::new(data, sf, block)
+    }
+}
+
+/// Compares GPU data and scales with the reference's, bit for bit (scales: full allocation).
+fn check(
+    case: &str,
+    data: Option<&DeviceQuantData>,
+    sf: Option<&DeviceScales>,
+    rd: Option<&QuantData>,
+    rs: Option<&HostScales>,
+) {
+    if let (Some(d), Some(r)) = (data, rd) {
+        let got = d.to_host().unwrap();
+        assert_eq!(got.shape(), r.shape(), "{case}: data shape");
+        assert_bits_eq(&format!("{case}: data"), &got.bytes(), &r.bytes());
+    }
+    if let (Some(s), Some(r)) = (sf, rs) {
+        assert_eq!(
+            (s.layout(), s.grid()),
+            (r.layout(), r.grid()),
+            "{case}: scale layout"
+        );
+        assert_bits_eq(
+            &format!("{case}: scales"),
+            &s.storage_bytes().unwrap(),
+            &r.storage_bytes(),
+        );
+    }
+}
+
+/// Poisoned output data and scales for a cast.
+fn poisoned(
+    dev: &Device,
+    fmt: CastFormat,
+    m: usize,
+    k: usize,
+    layout: ScaleLayout,
+    grid: tk_quant::ScaleGrid,
+) -> (DeviceQuantData, DeviceScales) {
+    let mut d = DeviceQuantData::alloc(dev, fmt, m, k).unwrap();
+    d.fill_bytes(POISON).unwrap();
+    let mut s = DeviceScales::alloc(dev, layout, grid).unwrap();
+    s.fill_bytes(POISON).unwrap();
+    (d, s)
+}
+
+// ---------------------------------------------------------------------------------------------
+// per_token_cast
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+enum In {
+    F32,
+    BF16,
+    /// Quantized input in `fmt` with block `block` (scales in the output's layout).
+    Q(CastFormat, (usize, usize)),
+}
+
+#[derive(Debug, Clone)]
+struct TokenCase {
+    m: usize,
+    k: usize,
+    input: In,
+    npc: usize,
+    fmt: CastFormat,
+    opts: ScaleOptions,
+    /// Row stride of the plain input (`k` = contiguous) and element offset of its first row.
+    ld: usize,
+    offset: usize,
+}
+
+impl TokenCase {
+    fn name(&self) -> String {
+        format!(
+            "per_token_cast M={} K={} in={:?} npc={} fmt={:?} layout={:?} ld={} off={}",
+            self.m,
+            self.k,
+            self.input,
+            self.npc,
+            self.fmt,
+            self.opts.layout().unwrap(),
+            self.ld,
+            self.offset
+        )
+    }
+}
+
+fn run_token_case(dev: &Device, c: &TokenCase) {
+    let name = c.name();
+    let params = PerTokenCastParams::new(c.fmt, c.npc, c.opts);
+    let layout = c.opts.layout().unwrap();
+    match c.input {
+        In::F32 | In::BF16 => {
+            let rows = c.m + c.offset.div_ceil(c.ld.max(1));
+            let buf = HostPlain::randn(matches!(c.input, In::BF16), rows.max(1), c.ld, &name);
+            let l = Layout::new(vec![c.m, c.k], vec![c.ld, 1], c.offset).unwrap();
+            let hx: CastInput<'_> = buf.input(&l).into();
+            let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
+            let dbuf = buf.upload(dev);
+            let dx: DeviceCastInput<'_> = dbuf.input(&l).into();
+            let (mut d, mut s) = poisoned(dev, c.fmt, c.m, c.k, layout, rs.grid());
+            tk_quant::per_token_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
+            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+            if c.npc == c.k {
+                return;
+            }
+            // sf-only mode gives the same scales.
+            let mut s2 = DeviceScales::alloc(dev, layout, rs.grid()).unwrap();
+            s2.fill_bytes(POISON).unwrap();
+            tk_quant::per_token_cast_with_sf_only_into(&dx, &params, &mut s2).unwrap();
+            check(&format!("{name} sf-only"), None, Some(&s2), None, Some(&rs));
+            // Precomputed mode with the scales just produced (layout A only, as the spec's test).
+            if layout == ScaleLayout::RowMajorF32 {
+                let f = rs.f32_storage().unwrap();
+                let sfh =
+                    HostTensor::from_vec(f.to_vec(), &[rs.grid().nbm(), rs.grid().nbk()]).unwrap();
+                let rp = reference::per_token_cast_with_precomputed_sf(&hx, &params, &sfh.view())
+                    .unwrap();
+                let sfd = dev.upload(&sfh).unwrap();
+                let mut d3 = DeviceQuantData::alloc(dev, c.fmt, c.m, c.k).unwrap();
+                d3.fill_bytes(POISON).unwrap();
+                tk_quant::per_token_cast_with_precomputed_sf_into(
+                    &dx,
+                    &params,
+                    &sfd.view(),
+                    &mut d3.view_mut(),
+                )
+                .unwrap();
+                check(
+                    &format!("{name} precomputed"),
+                    Some(&d3),
+                    None,
+                    Some(&rp),
+                    None,
+                );
+            }
+        }
+        In::Q(in_fmt, block) => {
+            let x0 = Rng::for_case(&name).randn(&[c.m, c.k], bf16::from_f32);
+            let (q0, s0) = reference::cast(&x0.view().into(), in_fmt, block, c.opts).unwrap();
+            let hx: CastInput<'_> = QuantInput::new(q0.view(), s0.view(), block).into();
+            let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
+            let dq = DevQuant::upload(dev, &q0, &s0);
+            let dx: DeviceCastInput<'_> = dq.input(block).into();
+            let (mut d, mut s) = poisoned(dev, c.fmt, c.m, c.k, layout, rs.grid());
+            tk_quant::per_token_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
+            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+        }
+    }
+}
+
+#[test]
+fn gpu_per_token_cast_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_token_cast_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in grid_ms(&[4001, 8001]) {
+        for k in generate_hidden_sizes(64) {
+            for opts in grid_configs() {
+                for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                    for (input, npcs) in [
+                        (In::F32, vec![32, 64, 128, k]),
+                        (In::BF16, vec![32, 64, 128, k]),
+                    ] {
+                        for npc in npcs {
+                            // The spec's non-contiguous variant: plain, e4m3, not packed.
+                            let strided = fmt == CastFormat::E4M3
+                                && opts.layout().unwrap() == ScaleLayout::RowMajorF32;
+                            let ld = if strided { 2 * k } else { k };
+                            cases.push(TokenCase {
+                                m,
+                                k,
+                                input,
+                                npc,
+                                fmt,
+                                opts,
+                                ld,
+                                offset: 0,
+                            });
+                        }
+                    }
+                    for in_fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                        for block in [(128, 128), (32, 32)] {
+                            for npc in [32, 128] {
+                                cases.push(TokenCase {
+                                    m,
+                                    k,
+                                    input: In::Q(in_fmt, block),
+                                    npc,
+                                    fmt,
+                                    opts,
+                                    ld: k,
+                                    offset: 0,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases.len(), 896 / 2 * grid_ms(&[4001, 8001]).len());
+    par_cases(&cases, |c| {
+        run_token_case(&dev.with_new_stream().unwrap(), c)
+    });
+}
+
+#[test]
+fn gpu_per_token_cast_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_token_cast_off_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    let all = [
+        ScaleOptions::row_major(false),
+        ScaleOptions::col_major(false),
+        ScaleOptions::row_major(true),
+        ScaleOptions::col_major(true),
+        ScaleOptions::packed_ue8m0(),
+    ];
+    for (m, k) in [
+        (0, 128),
+        (1, 64),
+        (3, 130),
+        (37, 1000),
+        (5, 2),
+        (129, 4160),
+        (7, 4104),
+    ] {
+        for opts in all {
+            for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                for input in [In::F32, In::BF16] {
+                    for npc in [16, 32, 64, 128] {
+                        cases.push(TokenCase {
+                            m,
+                            k,
+                            input,
+                            npc,
+                            fmt,
+                            opts,
+                            ld: k,
+                            offset: 0,
+                        });
+                        // Padded rows and an unaligned start: the element-wise kernel.
+                        cases.push(TokenCase {
+                            m,
+                            k,
+                            input,
+                            npc,
+                            fmt,
+                            opts,
+                            ld: k + 3,
+                            offset: 1,
+                        });
+                    }
+                    if k % 64 == 0 {
+                        cases.push(TokenCase {
+                            m,
+                            k,
+                            input,
+                            npc: k,
+                            fmt,
+                            opts,
+                            ld: k,
+                            offset: 0,
+                        });
+                        cases.push(TokenCase {
+                            m,
+                            k,
+                            input,
+                            npc: k,
+                            fmt,
+                            opts,
+                            ld: k + 1,
+                            offset: 1,
+                        });
+                    }
+                }
+                for in_fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                    for block in [(1, 32), (3, 5), (128, 128)] {
+                        if k % 2 == 0 {
+                            cases.push(TokenCase {
+                                m,
+                                k,
+                                input: In::Q(in_fmt, block),
+                                npc: 16,
+                                fmt,
+                                opts,
+                                ld: k,
+                                offset: 0,
+                            });
+                            cases.push(TokenCase {
+                                m,
+                                k,
+                                input: In::Q(in_fmt, block),
+                                npc: 64,
+                                fmt,
+                                opts,
+                                ld: k,
+                                offset: 0,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Odd K with e4m3 output.
+    for npc in [16, 128] {
+        cases.push(TokenCase {
+            m: 9,
+            k: 999,
+            input: In::BF16,
+            npc,
+            fmt: CastFormat::E4M3,
+            opts: ScaleOptions::col_major(false),
+            ld: 999,
+            offset: 0,
+        });
+    }
+    // Whole rows far wider than the grid.
+    for (k, input) in [(65536, In::BF16), (131072, In::F32), (262144, In::BF16)] {
+        cases.push(TokenCase {
+            m: 3,
+            k,
+            input,
+            npc: k,
+            fmt: CastFormat::E2M1,
+            opts: ScaleOptions::packed_ue8m0(),
+            ld: k,
+            offset: 0,
+        });
+    }
+    par_cases(&cases, |c| {
+        run_token_case(&dev.with_new_stream().unwrap(), c)
+    });
+}
+
+/// NaN, ±inf, all-zero rows and subnormals (§5): the GPU follows the reference's documented
+/// choices (amax ignores NaN; an infinite amax per §1.4).
+#[test]
+fn gpu_cast_special_values() {
+    let Some(dev) = gpu_or_skip("gpu_cast_special_values") else {
+        return;
+    };
+    let (m, k) = (64, 512);
+    let mut rng = Rng::for_case("special values");
+    let mut x = rng.randn(&[m, k], |v| v);
+    let xs = x.as_mut_slice();
+    xs[..k].iter_mut().for_each(|v| *v = 0.0); // row 0: zeros
+    xs[k + 5] = f32::NAN; // row 1: one NaN
+    xs[2 * k + 7] = f32::INFINITY; // row 2: +inf
+    xs[3 * k + 300] = f32::NEG_INFINITY;
+    for (i, v) in xs[4 * k..5 * k].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + i as u32 * 977); // row 4: subnormals
+    }
+    xs[5 * k..6 * k].iter_mut().for_each(|v| *v = -0.0); // row 5: negative zeros
+    for v in xs[6 * k..7 * k].iter_mut().step_by(3) {
+        *v = f32::NAN; // row 6: many NaNs
+    }
+    let xb =
+        HostTensor::from_vec(xs.iter().map(|&v| bf16::from_f32(v)).collect(), &[m, k]).unwrap();
+    let dx = dev.upload(&x).unwrap();
+    let dxb = dev.upload(&xb).unwrap();
+    for opts in [
+        ScaleOptions::row_major(false),
+        ScaleOptions::col_major(true),
+        ScaleOptions::packed_ue8m0(),
+    ] {
+        for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+            for npc in [32, 128, k] {
+                let params = PerTokenCastParams::new(fmt, npc, opts);
+                for bf in [false, true] {
+                    let (hx, dxi): (CastInput<'_>, DeviceCastInput<'_>) = if bf {
+                        (xb.view().into(), dxb.view().into())
+                    } else {
+                        (x.view().into(), dx.view().into())
+                    };
+                    let name = format!("special bf16={bf} npc={npc} fmt={fmt:?} {opts:?}");
+                    let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
+                    let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
+                    tk_quant::per_token_cast_into(&dxi, &params, &mut d.view_mut(), &mut s)
+                        .unwrap();
+                    check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+                }
+            }
+            for block in [(32, 32), (128, 128)] {
+                let params = PerBlockCastParams::new(fmt, block, opts);
+                let (rd, rs) =
+                    reference::per_block_cast(&PlainInput::F32(x.view()), &params).unwrap();
+                let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
+                tk_quant::per_block_cast_into(
+                    &DevicePlainInput::F32(dx.view()),
+                    &params,
+                    &mut d.view_mut(),
+                    &mut s,
+                )
+                .unwrap();
+                check(
+                    &format!("special per_block {block:?} {fmt:?} {opts:?}"),
+                    Some(&d),
+                    Some(&s),
+                    Some(&rd),
+                    Some(&rs),
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// per_block_cast, per_channel_cast
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn gpu_per_block_cast_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_block_cast_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in grid_ms(&[4001, 8001]) {
+        for k in generate_hidden_sizes(64) {
+            for bf in [false, true] {
+                for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                    for opts in grid_configs() {
+                        for block in [(128, 128), (32, 32)] {
+                            cases.push((m, k, bf, fmt, opts, block));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Off grid: a few rows, a partial last row block, a padded row stride.
+    for (m, k) in [(1, 64), (3, 192), (33, 4160), (129, 576)] {
+        for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+            for opts in [
+                ScaleOptions::row_major(false),
+                ScaleOptions::col_major(true),
+                ScaleOptions::packed_ue8m0(),
+            ] {
+                for block in [(128, 128), (32, 32), (32, 128), (128, 32)] {
+                    cases.push((m, k, m % 2 == 1, fmt, opts, block));
+                }
+            }
+        }
+    }
+    par_cases(&cases, |&(m, k, bf, fmt, opts, block)| {
+        let dev = dev.with_new_stream().unwrap();
+        let params = PerBlockCastParams::new(fmt, block, opts);
+        let name = format!(
+            "per_block_cast M={m} K={k} bf16={bf} {fmt:?} {block:?} {:?}",
+            opts.layout().unwrap()
+        );
+        let buf = HostPlain::randn(bf, m, k, &name);
+        let l = Layout::contiguous(&[m, k]);
+        let hx = buf.input(&l);
+        let (rd, rs) = reference::per_block_cast(&hx, &params).unwrap();
+        let dbuf = buf.upload(&dev);
+        let dx = dbuf.input(&l);
+        let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
+        tk_quant::per_block_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
+        check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+        let s2 = tk_quant::per_block_cast_with_sf_only(&dx, &params).unwrap();
+        check(&format!("{name} sf-only"), None, Some(&s2), None, Some(&rs));
+        if rs.layout() == ScaleLayout::RowMajorF32 {
+            let f = rs.f32_storage().unwrap();
+            let sfh =
+                HostTensor::from_vec(f.to_vec(), &[rs.grid().nbm(), rs.grid().nbk()]).unwrap();
+            let rp =
+                reference::per_block_cast_with_precomputed_sf(&hx, &params, &sfh.view()).unwrap();
+            let d3 = tk_quant::per_block_cast_with_precomputed_sf(
+                &dx,
+                &params,
+                &dev.upload(&sfh).unwrap().view(),
+            )
+            .unwrap();
+            check(
+                &format!("{name} precomputed"),
+                Some(&d3),
+                None,
+                Some(&rp),
+                None,
+            );
+        }
+    });
+}
+
+#[test]
+fn gpu_per_channel_cast_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_channel_cast_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in grid_ms(&[4096, 8064]) {
+        for k in generate_hidden_sizes(64) {
+            for round in [false, true] {
+                cases.push((m, k, true, round));
+            }
+        }
+    }
+    for (m, k) in [(128, 64), (256, 4160), (384, 576)] {
+        for round in [false, true] {
+            cases.push((m, k, false, round));
+        }
+    }
+    par_cases(&cases, |&(m, k, bf, round)| {
+        let dev = dev.with_new_stream().unwrap();
+        let params = PerChannelCastParams::new(128, round);
+        let name = format!("per_channel_cast M={m} K={k} bf16={bf} round={round}");
+        let buf = HostPlain::randn(bf, m, k, &name);
+        let l = Layout::contiguous(&[m, k]);
+        let (rd, rs) = reference::per_channel_cast(&buf.input(&l), &params).unwrap();
+        let dbuf = buf.upload(&dev);
+        let (mut d, mut s) = poisoned(&dev, CastFormat::E4M3, m, k, rs.layout(), rs.grid());
+        tk_quant::per_channel_cast_into(&dbuf.input(&l), &params, &mut d.view_mut(), &mut s)
+            .unwrap();
+        check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// cast_back
+// ---------------------------------------------------------------------------------------------
+
+/// Casts `x` on the CPU with `block` / `opts`, then checks the GPU cast back (fp32 and bf16)
+/// against the reference, from the data's full view and from a row-strided one.
+fn check_cast_back(
+    dev: &Device,
+    name: &str,
+    m: usize,
+    k: usize,
+    fmt: CastFormat,
+    block: (usize, usize),
+    opts: ScaleOptions,
+) {
+    let x = Rng::for_case(name).randn(&[m, k], |v| v);
+    let (q, s) = reference::cast(&x.view().into(), fmt, block, opts).unwrap();
+    let hin = QuantInput::new(q.view(), s.view(), block);
+    let dq = DevQuant::upload(dev, &q, &s);
+    let din = dq.input(block);
+    let r32 = reference::cast_back_op::<f32>(&hin).unwrap();
+    let mut o32 = dev.alloc::<f32>(&[m, k]).unwrap();
+    o32.fill_bytes(POISON).unwrap();
+    tk_quant::cast_back_into(&din, &mut o32.view_mut()).unwrap();
+    assert_bits_eq(
+        &format!("{name} fp32"),
+        o32.to_host().unwrap().as_slice(),
+        r32.as_slice(),
+    );
+    let r16 = reference::cast_back_op::<bf16>(&hin).unwrap();
+    let o16 = tk_quant::cast_back::<bf16>(&din).unwrap();
+    assert_bits_eq(
+        &format!("{name} bf16"),
+        o16.to_host().unwrap().as_slice(),
+        r16.as_slice(),
+    );
+}
+
+#[test]
+fn gpu_cast_back_grid() {
+    let Some(dev) = gpu_or_skip("gpu_cast_back_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in grid_ms(&[4001, 8001]) {
+        for k in generate_hidden_sizes(64) {
+            for fmt in [CastFormat::E2M1, CastFormat::E4M3] {
+                for opts in grid_configs() {
+                    for npc in [128, k] {
+                        cases.push((m, k, fmt, (1, npc), opts));
+                    }
+                }
+            }
+            for round in [false, true] {
+                for block in [(128, 1), (128, 128)] {
+                    cases.push((
+                        m,
+                        k,
+                        CastFormat::E4M3,
+                        block,
+                        ScaleOptions::row_major(round),
+                    ));
+                }
+            }
+        }
+    }
+    for (m, k) in [(1, 64), (3, 192), (37, 4160)] {
+        for fmt in [CastFormat::E2M1, CastFormat::E4M3] {
+            for block in [(1, 16), (1, 3), (5, 7), (32, 32)] {
+                for opts in [ScaleOptions::col_major(false), ScaleOptions::packed_ue8m0()] {
+                    cases.push((m, k, fmt, block, opts));
+                }
+            }
+        }
+    }
+    par_cases(&cases, |&(m, k, fmt, block, opts)| {
+        let name = format!(
+            "cast_back M={m} K={k} {fmt:?} {block:?} {:?}",
+            opts.layout().unwrap()
+        );
+        check_cast_back(
+            &dev.with_new_stream().unwrap(),
+            &name,
+            m,
+            k,
+            fmt,
+            block,
+            opts,
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn gpu_bad_outputs_are_typed_errors() {
+    let Some(dev) = gpu_or_skip("gpu_bad_outputs_are_typed_errors") else {
+        return;
+    };
+    let x = dev.upload(&Rng::new(1).randn(&[4, 128], |v| v)).unwrap();
+    let dx: DeviceCastInput<'_> = x.view().into();
+    let p = PerTokenCastParams::new(CastFormat::E4M3, 32, ScaleOptions::packed_ue8m0());
+    let grid = tk_quant::ScaleGrid::new(4, 4).unwrap();
+    // Wrong data format, wrong shape, wrong scale layout / grid.
+    let mut d = DeviceQuantData::alloc(&dev, CastFormat::E2M1, 4, 128).unwrap();
+    let mut s = DeviceScales::alloc(&dev, ScaleLayout::PackedUe8m0, grid).unwrap();
+    let e = tk_quant::per_token_cast_into(&dx, &p, &mut d.view_mut(), &mut s).unwrap_err();
+    assert!(matches!(e, TkError::Dtype { arg: "out", .. }), "{e}");
+    let mut d = DeviceQuantData::alloc(&dev, CastFormat::E4M3, 4, 64).unwrap();
+    let e = tk_quant::per_token_cast_into(&dx, &p, &mut d.view_mut(), &mut s).unwrap_err();
+    assert!(matches!(e, TkError::Shape { arg: "out", .. }), "{e}");
+    let mut d = DeviceQuantData::alloc(&dev, CastFormat::E4M3, 4, 128).unwrap();
+    let mut s = DeviceScales::alloc(&dev, ScaleLayout::ColMajorF32, grid).unwrap();
+    let e = tk_quant::per_token_cast_into(&dx, &p, &mut d.view_mut(), &mut s).unwrap_err();
+    assert!(matches!(e, TkError::Param { arg: "out_sf", .. }), "{e}");
+    // Validation errors of the op are the CPU side's (here: npc not allowed).
+    let e = tk_quant::per_token_cast(
+        &dx,
+        &PerTokenCastParams::new(CastFormat::E4M3, 48, ScaleOptions::default()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TkError::Param {
+                arg: "num_per_channels",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Precomputed scales of the wrong shape.
+    let sf = dev
+        .upload(&HostTensor::from_vec(vec![1.0f32; 4 * 3], &[4, 3]).unwrap())
+        .unwrap();
+    let p = PerTokenCastParams::new(CastFormat::E4M3, 32, ScaleOptions::row_major(true));
+    let e = tk_quant::per_token_cast_with_precomputed_sf(&dx, &p, &sf.view()).unwrap_err();
+    assert!(matches!(e, TkError::Shape { arg: "sf", .. }), "{e}");
+    // A whole row beyond the kernel's limit.
+    let big = dev.alloc::<f32>(&[1, 131072 + 64]).unwrap();
+    let p = PerTokenCastParams::new(CastFormat::E4M3, 131072 + 64, ScaleOptions::default());
+    let e = tk_quant::per_token_cast(&big.view().into(), &p).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TkError::Param {
+                arg: "num_per_channels",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Cast back: output of the wrong shape.
+    let (q, s) = reference::cast(
+        &Rng::new(2).randn(&[4, 128], |v| v).view().into(),
+        CastFormat::E4M3,
+        (1, 128),
+        ScaleOptions::packed_ue8m0(),
+    )
+    .unwrap();
+    let dq = DevQuant::upload(&dev, &q, &s);
+    let mut o = dev.alloc::<f32>(&[4, 64]).unwrap();
+    let e = tk_quant::cast_back_into(&dq.input((1, 128)), &mut o.view_mut()).unwrap_err();
+    assert!(matches!(e, TkError::Shape { arg: "out", .. }), "{e}");
+}
