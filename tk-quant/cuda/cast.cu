@@ -20,7 +20,6 @@
 //   TK_VECIO     1: vector accesses (aligned rows, K % VEC == 0); 0: element accesses
 //   TK_THREADS, TK_NF  (whole-row path) threads per CTA and fragments per thread
 #include "tk/quant_io.cuh"
-#include <cuda_fp4.h>
 
 // Kernel arguments (one struct, passed by value; mirrored by `CastArgs` in src/cast.rs).
 struct Params {
@@ -109,6 +108,20 @@ __device__ __forceinline__ u32 pack4(const u8 (&q)[N], int at) {
     return q[at] | q[at + 1] << 8 | q[at + 2] << 16 | (u32)q[at + 3] << 24;
 }
 
+#if TK_FMT == 1
+// FP4 e2m1 code of x: round to nearest even among {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating to 6;
+// the sign of zero is kept; NaN -> 7 (+6). Hopper has no e2m1 conversion instruction, so the
+// code is counted from the rounding thresholds (ties go to the even code: 0.25 -> 0, 0.75 -> 2,
+// 1.25 -> 2, 1.75 -> 4, 2.5 -> 4, 3.5 -> 6, 5 -> 6), bit-identical to __nv_cvt_float_to_fp4.
+__device__ __forceinline__ u32 e2m1_code(float x) {
+    const float a = fabsf(x);
+    if (a != a) return 7;
+    const u32 mag = (u32)(a > 0.25f) + (u32)(a >= 0.75f) + (u32)(a > 1.25f) + (u32)(a >= 1.75f) +
+                    (u32)(a > 2.5f) + (u32)(a >= 3.5f) + (u32)(a > 5.0f);
+    return mag | ((__float_as_uint(x) >> 28) & 8);
+}
+#endif
+
 // Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
 __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
@@ -130,8 +143,7 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
     u8 q[VEC / 2];  // (VEC/2,) packed e2m1 pairs, even column in the low nibble
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j)
-        q[j] = (__nv_cvt_float_to_fp4(__fmul_rn(v[2 * j], inv[2 * j]), __NV_E2M1, cudaRoundNearest) & 0xF) |
-               (__nv_cvt_float_to_fp4(__fmul_rn(v[2 * j + 1], inv[2 * j + 1]), __NV_E2M1, cudaRoundNearest) << 4);
+        q[j] = (u8)(e2m1_code(__fmul_rn(v[2 * j], inv[2 * j])) | e2m1_code(__fmul_rn(v[2 * j + 1], inv[2 * j + 1])) << 4);
     u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
@@ -160,7 +172,7 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #endif
 constexpr int WARPS = 8;
 constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)
-constexpr int RPT = TK_BM == 1 ? 2 : TK_BM / (WARPS * LY);  // rows per thread
+constexpr int RPT = TK_BM == 1 ? 4 : TK_BM / (WARPS * LY);  // rows per thread
 constexpr int TM = WARPS * LY * RPT;                        // rows per tile
 constexpr int TKC = LX * VEC;                               // columns per tile
 constexpr int NR = TK_BM == 1 ? RPT : 1;                    // block rows per thread

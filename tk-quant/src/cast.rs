@@ -8,9 +8,9 @@
 //! Two paths:
 //! * **tiled** (per-token blocks `(1, bk)`, and blocks `(bm, bk)` with `bm` a multiple of 8
 //!   up to 128; `bk` = 1 or `VEC · 2^j`, `VEC` = 4 for fp32 input, 8 otherwise): a CTA of 8
-//!   warps owns a tile of `bm` (16 when `bm = 1`) rows × `LX · VEC` columns held in
+//!   warps owns a tile of `bm` (32 when `bm = 1`) rows × `LX · VEC` columns held in
 //!   registers, each warp `32/LX` row groups × `LX` lanes along K (`LX` = 32 for per-token
-//!   blocks, 8–32 for taller ones so that a thread holds at most 16 rows); block maxima come
+//!   blocks, 16–32 for taller ones so that a thread holds 4 to 16 rows); block maxima come
 //!   from warp shuffles and, across warps, shared memory;
 //! * **whole row** (one scale per row, `npc == K`): one CTA per row, the row held in
 //!   registers (up to 32 fragments per thread: `K ≤ 131072` for fp32, `262144` for bf16).
@@ -139,19 +139,15 @@ pub(crate) struct CastKernel {
 }
 
 /// Lanes of a warp along K on the tiled path for block `(bm, bk)` with `vec` elements per
-/// fragment: 32 for per-token blocks; for taller blocks as few as keep a column block within
-/// a warp row and at least 8 lanes (128-byte row segments of 16-byte fragments), so that each
-/// thread holds about 4 to 8 rows instead of `bm / 8`.
+/// fragment: 32 for per-token blocks; for taller blocks, as many as give each thread 4 to 8
+/// rows (`bm / (8 warps · 32/LX)`), but at least a column block's worth (`bk / vec`).
 fn lanes_k(bm: usize, bk: usize, vec: usize) -> usize {
     if bm == 1 {
         return 32;
     }
     let lk = if bk == 1 { 1 } else { bk / vec };
-    let mut lx = lk.clamp(8, 32);
-    while lx < 32 && bm < 8 * (32 / lx) {
-        lx *= 2; // at least one row per thread: bm >= 8 warps * LY
-    }
-    lx
+    let ly = (bm / 64).clamp(1, 32);
+    (32 / ly).max(lk).min(32)
 }
 
 impl CastKernel {
@@ -271,7 +267,7 @@ impl CastKernel {
                 shared_mem_bytes: 0,
             },
             None => {
-                let tm = if self.block.0 == 1 { 16 } else { self.block.0 };
+                let tm = if self.block.0 == 1 { 32 } else { self.block.0 };
                 let tk = self.lx() * self.input.vec();
                 LaunchConfig {
                     grid_dim: (

@@ -109,8 +109,8 @@ pub fn validate_e5m6(
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
-/// The GPU ops (feature `cuda`): `cuda/cast_back.cu`, one thread per 8 logical elements,
-/// 16-byte stores; bit-exact with [`crate::reference::cast_back_op`].
+/// The GPU ops (feature `cuda`): `cuda/cast_back.cu`, two 8-element fragments per thread and
+/// loop iteration, 16-byte stores; bit-exact with [`crate::reference::cast_back_op`].
 #[cfg(feature = "cuda")]
 mod gpu {
     use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -226,7 +226,9 @@ mod gpu {
         let frags = plan.m * (plan.k / 8);
         let cfg = LaunchConfig {
             grid_dim: (
-                frags.div_ceil(256).min(dev.props().sm_count as usize * 64) as u32,
+                frags
+                    .div_ceil(2 * 256)
+                    .min(dev.props().sm_count as usize * 64) as u32,
                 1,
                 1,
             ),
