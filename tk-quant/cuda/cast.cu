@@ -111,14 +111,19 @@ __device__ __forceinline__ u32 pack4(const u8 (&q)[N], int at) {
 #if TK_FMT == 1
 // FP4 e2m1 code of x: round to nearest even among {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating to 6;
 // the sign of zero is kept; NaN -> 7 (+6). Hopper has no e2m1 conversion instruction, so the
-// code is counted from the rounding thresholds (ties go to the even code: 0.25 -> 0, 0.75 -> 2,
-// 1.25 -> 2, 1.75 -> 4, 2.5 -> 4, 3.5 -> 6, 5 -> 6), bit-identical to __nv_cvt_float_to_fp4.
+// rounding is done by a float add: with s = the e2m1 spacing at |x| (0.5 below 2, then 1,
+// then 2) and M = 1.5 * 2^23 * s, fl(|x| + M) - M is |x| rounded to a multiple of s, to
+// nearest even (IEEE addition). Bit-identical to __nv_cvt_float_to_fp4 (checked on the GPU).
 __device__ __forceinline__ u32 e2m1_code(float x) {
-    const float a = fabsf(x);
-    if (a != a) return 7;
-    const u32 mag = (u32)(a > 0.25f) + (u32)(a >= 0.75f) + (u32)(a > 1.25f) + (u32)(a >= 1.75f) +
-                    (u32)(a > 2.5f) + (u32)(a >= 3.5f) + (u32)(a > 5.0f);
-    return mag | ((__float_as_uint(x) >> 28) & 8);
+    const float a = fminf(fabsf(x), 8.0f);                          // NaN -> 8 (saturates below)
+    const u32 e = max(__float_as_uint(a) >> 23, 127u);              // biased exponent, at least that of 1.0
+    const float m = __uint_as_float(((e + 22) << 23) | 0x400000u);  // 1.5 * 2^23 * spacing
+    const float r = fminf(__fsub_rn(__fadd_rn(a, m), m), 6.0f);     // rounded, saturated
+    // r in {0, .5, 1, 1.5, 2, 3, 4, 6}: code = 2r for r <= 1, else from r's exponent and top
+    // mantissa bit ((bits >> 22) - 252: 1 -> 2, 1.5 -> 3, 2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7).
+    const u32 mag = r <= 1.0f ? (u32)(2.0f * r) : (__float_as_uint(r) >> 22) - 252;
+    const u32 sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 8;  // NaN -> +6
+    return mag | sign;
 }
 #endif
 
@@ -161,7 +166,8 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 
 #if TK_BK > 0
 // ---------------------------------------------------------------------------------------------
-// Tiled path. CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
+// Tiled path (grid x: column tiles, so concurrent CTAs cover whole row bands; y: row tiles).
+// CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
 // (ly, lx) of warp w owns the fragments of rows tile_m*TM + (w*LY + ly)*RPT + i (i < RPT) at
 // columns tile_k*LX*VEC + lx*VEC .. (+VEC). BM == 1: each row is its own block row;
 // BM > 1: the tile's rows are one block row (TM == BM). A column block is LK = BK/VEC adjacent
@@ -185,8 +191,8 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;
-    for (u64 tm = blockIdx.x; tm < tiles_m; tm += gridDim.x) {
-        for (u64 tk = blockIdx.y; tk < tiles_k; tk += gridDim.y) {
+    for (u64 tm = blockIdx.y; tm < tiles_m; tm += gridDim.y) {
+        for (u64 tk = blockIdx.x; tk < tiles_k; tk += gridDim.x) {
             const u64 c0 = tk * TKC + lx * VEC;                  // first column of this thread's fragments
             const u64 r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < p.k;

@@ -271,8 +271,8 @@ impl CastKernel {
                 let tk = self.lx() * self.input.vec();
                 LaunchConfig {
                     grid_dim: (
-                        plan.m.div_ceil(tm).min(big) as u32,
-                        plan.k.div_ceil(tk).min(65535) as u32,
+                        plan.k.div_ceil(tk).min(big) as u32,
+                        plan.m.div_ceil(tm).min(65535) as u32,
                         1,
                     ),
                     block_dim: (256, 1, 1),
