@@ -12,7 +12,8 @@ use tk_core::testing::par_random_bits;
 use tk_core::{Device, DeviceTensor, Result};
 use tk_quant::{
     CastFormat, DeviceCastInput, DevicePlainInput, DeviceQuantInput, DeviceScales,
-    PerBlockCastParams, PerChannelCastParams, PerTokenCastParams, ScaleLayout, ScaleOptions,
+    PerBlockCastParams, PerChannelCastParams, PerTokenCastParams, PerTokenE5M6Params, ScaleLayout,
+    ScaleOptions,
 };
 
 /// Upstream's measured µs on our H200 (`bench/upstream-h200.md`): (op, params, µs).
@@ -37,6 +38,12 @@ const UPSTREAM: &[(&str, &str, f64)] = &[
         46.3,
     ),
     ("cast_back", "8001x7168 e4m3 128x128 A->bf16", 75.2),
+    ("per_token_cast_to_e5m6", "8001x7168 fp32 A round", 77.0),
+    ("per_token_cast_to_e5m6", "8001x7168 fp32 C", 76.9),
+    ("per_token_cast_to_e5m6", "8001x7168 bf16 A round", 54.5),
+    ("per_token_cast_to_e5m6", "8001x7168 bf16 C", 54.2),
+    ("per_token_cast_to_e5m6", "4001x2048 bf16 A round", 10.2),
+    ("cast_back_e5m6", "8001x7168 A round->fp32", 119.0),
     (
         "per_token_cast_back",
         "8001x7168 e4m3 npc=128 C->bf16",
@@ -329,6 +336,56 @@ fn bench_cast_back(b: &mut Bench) -> Result<()> {
     Ok(())
 }
 
+fn bench_e5m6(b: &mut Bench) -> Result<()> {
+    let dev = b.device().clone();
+    for (m, k) in [(4001, 2048), (8001, 7168)] {
+        for bf in [true, false] {
+            let x = Plain::new(&dev, bf, m, k)?;
+            for (opts, cfg) in [
+                (ScaleOptions::row_major(true), "A round"),
+                (ScaleOptions::packed_ue8m0(), "C"),
+            ] {
+                let p = format!("{m}x{k} {} {cfg}", x.name());
+                let params = PerTokenE5M6Params::new(k, opts);
+                let (mut q, mut sf) = tk_quant::per_token_cast_to_e5m6(&x.input(), &params)?;
+                let out_bytes = m * k / 2 * 3;
+                if b.enabled("per_token_cast_to_e5m6", &p) {
+                    let bytes = x.bytes() + out_bytes + sf_bytes(&sf);
+                    b.run("per_token_cast_to_e5m6", &p, bytes, || {
+                        tk_quant::per_token_cast_to_e5m6_into(
+                            &x.input(),
+                            &params,
+                            &mut q.view_mut(),
+                            &mut sf,
+                        )
+                    })?;
+                }
+                for out in ["fp32", "bf16"] {
+                    let p = format!("{m}x{k} {cfg}->{out}");
+                    if !b.enabled("cast_back_e5m6", &p) {
+                        continue;
+                    }
+                    let (qv, sv) = (q.view(), sf.view()?);
+                    let bytes =
+                        out_bytes + sf_bytes(&sf) + m * k * if out == "fp32" { 4 } else { 2 };
+                    if out == "fp32" {
+                        let mut o = dev.alloc::<f32>(&[m, k])?;
+                        b.run("cast_back_e5m6", &p, bytes, || {
+                            tk_quant::cast_back_e5m6_into(&qv, &sv, (1, k), &mut o.view_mut())
+                        })?;
+                    } else {
+                        let mut o = dev.alloc::<bf16>(&[m, k])?;
+                        b.run("cast_back_e5m6", &p, bytes, || {
+                            tk_quant::cast_back_e5m6_into(&qv, &sv, (1, k), &mut o.view_mut())
+                        })?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let Some(mut b) = Bench::from_args()? else {
         return Ok(());
@@ -337,6 +394,7 @@ fn main() -> Result<()> {
     bench_per_block(&mut b)?;
     bench_per_channel(&mut b)?;
     bench_cast_back(&mut b)?;
+    bench_e5m6(&mut b)?;
     let records = b.finish()?;
     println!(
         "\n| op | params | ours µs | upstream µs | ours / upstream |\n|---|---|---:|---:|---:|"

@@ -12,7 +12,7 @@
 //   TK_IH, TK_IW (quantized input) the input scale block
 //   TK_BM, TK_BK the output scale block. Tiled path: BM = 1 or 8 * rows-per-thread (<= 128),
 //                BK = 1 or VEC * 2^j <= 32 * VEC. TK_BK = 0: one scale per row (whole-row path).
-//   TK_FMT       0 e4m3 (Q = 448), 1 e2m1 (Q = 6)
+//   TK_FMT       0 e4m3 (Q = 448), 1 e2m1 (Q = 6), 2 packed E5M6 (Q = 65024; whole-row path only)
 //   TK_SF_OUT    0 layout A (row-major fp32), 1 layout B (column-major fp32, rows padded to 4),
 //                2 layout C (packed UE8M0, column-major)
 //   TK_ROUND     1: power-of-two scales
@@ -37,6 +37,9 @@ struct Params {
 
 #if TK_FMT == 0
 #define TK_Q 448.0f
+#define TK_EPS __uint_as_float(0x38D1B717u)  // 1e-4
+#elif TK_FMT == 2
+#define TK_Q 65024.0f
 #define TK_EPS __uint_as_float(0x38D1B717u)  // 1e-4
 #else
 #define TK_Q 6.0f
@@ -144,6 +147,27 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
     for (int j = 0; j < VEC; ++j)
         if (c0 + j < p.k) dst[j] = q[j];
 #endif
+#elif TK_FMT == 2
+    // E5M6 ("enc12", spec/quant.md 1.3): round-toward-zero binary16, then the 17-low-bit
+    // adjustment; 8 codes packed into three little-endian words (c0 most significant).
+    u32 c[8];  // (8,) 12-bit codes
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float x = __fmul_rn(v[j], inv[j]);
+        u32 t = (u32)__half_as_ushort(__float2half_rz(x)) >> 4;
+        if ((t & 1) + (__float_as_uint(x) & 0x1FFFFu) > 0x10000u) ++t;
+        c[j] = t & 0xFFF;
+    }
+    const u32 w[3] = {c[0] << 20 | c[1] << 8 | c[2] >> 4, (c[2] & 0xF) << 28 | c[3] << 16 | c[4] << 4 | c[5] >> 8,
+                      (c[5] & 0xFF) << 24 | c[6] << 12 | c[7]};  // (3,) packed words
+    u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2 * 3) + c0 / 2 * 3;  // (12,) bytes of row r
+#if TK_VECIO
+    u32* d = reinterpret_cast<u32*>(dst);
+    d[0] = w[0]; d[1] = w[1]; d[2] = w[2];
+#else
+#pragma unroll
+    for (int b = 0; b < 12; ++b) dst[b] = (u8)(w[b / 4] >> (8 * (b % 4)));
+#endif
 #else
     u8 q[VEC / 2];  // (VEC/2,) packed e2m1 pairs, even column in the low nibble
 #pragma unroll
@@ -175,6 +199,9 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_LX
 #error "TK_LX (lanes along K) must be defined for the tiled path"
+#endif
+#if TK_FMT == 2
+#error "E5M6 casts take the whole-row path"
 #endif
 constexpr int WARPS = 8;
 constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)

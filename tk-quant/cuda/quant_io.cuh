@@ -1,7 +1,8 @@
 // tk-quant: reading FP32 / BF16 / FP8 e4m3 / FP4 e2m1 inputs and their scales, shared by the
 // cast kernels (include as "tk/quant_io.cuh").
 //
-// Defines used: TK_IN (0 fp32, 1 bf16, 2 e4m3, 3 packed e2m1), TK_IN_SF (quantized input:
+// Defines used: TK_IN (0 fp32, 1 bf16, 2 e4m3, 3 packed e2m1, 4 packed E5M6), TK_FMT (cast
+// target; 2 = E5M6 widens fp32 fragments to 8 values), TK_IN_SF (quantized input:
 // 0 fp32 scales with any strides, 1 packed UE8M0 int32), TK_VECIO (1: vector loads).
 #pragma once
 #include "tk/common.cuh"
@@ -12,7 +13,10 @@ using tk::u16;
 using tk::u32;
 using tk::u64;
 
-#if TK_IN == 0
+#if TK_IN == 0 && defined(TK_FMT) && TK_FMT == 2
+constexpr int VEC = 8;  // 32 bytes of fp32 (an E5M6 cast packs 8 values at a time)
+constexpr int IN_BITS = 32;
+#elif TK_IN == 0
 constexpr int VEC = 4;  // logical elements per thread fragment (16 bytes of fp32)
 constexpr int IN_BITS = 32;
 #elif TK_IN == 1
@@ -21,9 +25,12 @@ constexpr int IN_BITS = 16;
 #elif TK_IN == 2
 constexpr int VEC = 8;  // 8 bytes of e4m3
 constexpr int IN_BITS = 8;
-#else
+#elif TK_IN == 3
 constexpr int VEC = 8;  // 4 bytes of e2m1
 constexpr int IN_BITS = 4;
+#else
+constexpr int VEC = 8;  // 12 bytes of packed E5M6
+constexpr int IN_BITS = 12;
 #endif
 constexpr int IN_STORAGE_BYTES = IN_BITS >= 8 ? IN_BITS / 8 : 1;  // bytes per storage element
 constexpr int RAW_WORDS = VEC * IN_BITS / 32;                     // 32-bit words per fragment
@@ -40,18 +47,31 @@ __device__ __forceinline__ Raw load_frag(const void* x, u64 ldx, u64 k, u64 r, u
     const u8* row = reinterpret_cast<const u8*>(x) + r * ldx * IN_STORAGE_BYTES;  // (K,) elements
 #if TK_VECIO
     const u8* src = row + c0 * IN_BITS / 8;
-    if constexpr (RAW_WORDS == 4) {
+    if constexpr (RAW_WORDS == 8) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src)), b = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+        raw.w[0] = a.x; raw.w[1] = a.y; raw.w[2] = a.z; raw.w[3] = a.w;
+        raw.w[4] = b.x; raw.w[5] = b.y; raw.w[6] = b.z; raw.w[7] = b.w;
+    } else if constexpr (RAW_WORDS == 4) {
         const uint4 t = __ldg(reinterpret_cast<const uint4*>(src));
         raw.w[0] = t.x; raw.w[1] = t.y; raw.w[2] = t.z; raw.w[3] = t.w;
     } else if constexpr (RAW_WORDS == 2) {
         const uint2 t = __ldg(reinterpret_cast<const uint2*>(src));
         raw.w[0] = t.x; raw.w[1] = t.y;
+    } else if constexpr (RAW_WORDS == 3) {
+        const u32* w = reinterpret_cast<const u32*>(src);
+        raw.w[0] = __ldg(w); raw.w[1] = __ldg(w + 1); raw.w[2] = __ldg(w + 2);
     } else {
         raw.w[0] = __ldg(reinterpret_cast<const u32*>(src));
     }
 #else
 #pragma unroll
     for (int i = 0; i < RAW_WORDS; ++i) raw.w[i] = 0;
+    if constexpr (IN_BITS == 12) {  // 12 bytes, little-endian words (K % 8 == 0: never partial)
+        const u8* src = row + c0 * 3 / 2;
+#pragma unroll
+        for (int b = 0; b < 12; ++b) raw.w[b / 4] |= (u32)src[b] << (8 * (b % 4));
+        return raw;
+    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
         const u64 c = c0 + j;
@@ -92,10 +112,18 @@ __device__ __forceinline__ float decode_elem(const Raw& raw, int j) {
 #elif TK_IN == 2
     const __half_raw h = __nv_cvt_fp8_to_halfraw((w >> (8 * (j % 4))) & 0xFF, __NV_E4M3);
     return __half2float(__half(h));
-#else
+#elif TK_IN == 3
     const u32 nib = (w >> (4 * j)) & 0xF, mag = nib & 7;
     u32 bits = mag >= 2 ? (((mag >> 1) + 126) << 23) | ((mag & 1) << 22) : (mag ? 0x3F000000u : 0u);
     return __uint_as_float(bits | ((nib & 8) << 28));
+#else
+    // Packed E5M6 (spec/quant.md 1.3): B = sum c_i << (84 - 12 i) in words W0 = B[95:64],
+    // W1 = B[63:32], W2 = B[31:0]; a code is the binary16 pattern code << 4.
+    (void)w;
+    const u32 w0 = raw.w[0], w1 = raw.w[1], w2 = raw.w[2];
+    const u32 codes[8] = {w0 >> 20, (w0 >> 8) & 0xFFF, ((w0 & 0xFF) << 4) | (w1 >> 28), (w1 >> 16) & 0xFFF,
+                          (w1 >> 4) & 0xFFF, ((w1 & 0xF) << 8) | (w2 >> 24), (w2 >> 12) & 0xFFF, w2 & 0xFFF};
+    return __half2float(__ushort_as_half((unsigned short)(codes[j] << 4)));
 #endif
 }
 

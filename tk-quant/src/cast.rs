@@ -19,11 +19,13 @@
 //! rows are aligned and `K % VEC == 0`, element-wise otherwise. No host synchronisation.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use tk_core::dtype::E5M6Bytes;
 use tk_core::error::DriverContext;
-use tk_core::{Device, DeviceView, KernelSource, KernelSpec, Result, TkError};
+use tk_core::{Device, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError};
 
 use crate::device::{
-    DeviceCastInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScaleView, DeviceScales,
+    check_contiguous, DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut,
+    DeviceScaleView, DeviceScales,
 };
 use crate::plan::{CastMode, CastPlan};
 use crate::scale::{ScaleGrid, ScaleLayout};
@@ -123,13 +125,32 @@ impl InputKind {
     }
 }
 
+/// The target format of a cast: FP8 / FP4 (`TK_FMT` 0, 1) or packed E5M6 (2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Target {
+    /// e4m3 or e2m1 with the given block.
+    Fp(CastFormat),
+    /// E5M6, one scale per row (whole-row path).
+    E5M6,
+}
+
+impl Target {
+    fn code(self) -> u8 {
+        match self {
+            Target::Fp(CastFormat::E4M3) => 0,
+            Target::Fp(CastFormat::E2M1) => 1,
+            Target::E5M6 => 2,
+        }
+    }
+}
+
 /// One specialisation of `cuda/cast.cu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CastKernel {
     pub input: InputKind,
     /// The output scale block; `bk == 0` selects the whole-row path.
     pub block: (usize, usize),
-    pub fmt: CastFormat,
+    pub target: Target,
     pub sf_layout: ScaleLayout,
     pub round_sf: bool,
     pub mode: CastMode,
@@ -150,6 +171,15 @@ fn lanes_k(bm: usize, bk: usize, vec: usize) -> usize {
     (32 / ly).max(lk).min(32)
 }
 
+/// Logical elements per thread fragment for `input` cast to `target`.
+fn vec_of(input: InputKind, target: Target) -> usize {
+    if target == Target::E5M6 {
+        8
+    } else {
+        input.vec()
+    }
+}
+
 impl CastKernel {
     /// The kernel's defines.
     pub fn spec(&self) -> KernelSpec {
@@ -157,13 +187,7 @@ impl CastKernel {
             .define("TK_IN", self.input.code())
             .define("TK_BM", self.block.0)
             .define("TK_BK", self.block.1)
-            .define(
-                "TK_FMT",
-                match self.fmt {
-                    CastFormat::E4M3 => 0,
-                    CastFormat::E2M1 => 1,
-                },
-            )
+            .define("TK_FMT", self.target.code())
             .define(
                 "TK_SF_OUT",
                 match self.sf_layout {
@@ -197,21 +221,27 @@ impl CastKernel {
         }
     }
 
+    /// Logical elements per thread fragment: 8 for an E5M6 cast (one packed group), else the
+    /// input's.
+    fn vec(&self) -> usize {
+        vec_of(self.input, self.target)
+    }
+
     /// Lanes along K on the tiled path.
     fn lx(&self) -> usize {
-        lanes_k(self.block.0, self.block.1, self.input.vec())
+        lanes_k(self.block.0, self.block.1, self.vec())
     }
 
     /// Chooses the path for `plan` (tiled if the block fits it, else whole row).
     fn choose(
         input: InputKind,
         plan: &CastPlan,
-        fmt: CastFormat,
+        target: Target,
         round_sf: bool,
         mode: CastMode,
         vecio: bool,
     ) -> Result<Self> {
-        let vec = input.vec();
+        let vec = vec_of(input, target);
         let (bm, bk) = plan.block;
         let lx = lanes_k(bm, bk, vec);
         let tiled_bm = bm == 1 || (bm % (8 * (32 / lx)) == 0 && bm / (8 * (32 / lx)) <= 16);
@@ -219,14 +249,14 @@ impl CastKernel {
         let mut kernel = Self {
             input,
             block: (bm, bk),
-            fmt,
+            target,
             sf_layout: plan.sf_layout,
             round_sf,
             mode,
             vecio,
             whole_row: None,
         };
-        if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) {
+        if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) && target != Target::E5M6 {
             return Ok(kernel);
         }
         let plain = !matches!(input, InputKind::Quantized { .. });
@@ -268,7 +298,7 @@ impl CastKernel {
             },
             None => {
                 let tm = if self.block.0 == 1 { 32 } else { self.block.0 };
-                let tk = self.lx() * self.input.vec();
+                let tk = self.lx() * self.vec();
                 LaunchConfig {
                     grid_dim: (
                         plan.k.div_ceil(tk).min(big) as u32,
@@ -314,7 +344,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     CastKernel {
                         input,
                         block,
-                        fmt,
+                        target: Target::Fp(fmt),
                         sf_layout: layout,
                         round_sf: round,
                         mode: CastMode::Cast,
@@ -327,19 +357,21 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         }
     }
     for input in [InputKind::F32, InputKind::BF16] {
-        v.push(
-            CastKernel {
-                input,
-                block: (1, 0),
-                fmt: CastFormat::E4M3,
-                sf_layout: ScaleLayout::ColMajorF32,
-                round_sf: false,
-                mode: CastMode::Cast,
-                vecio: true,
-                whole_row: Some((256, 4)),
-            }
-            .spec(),
-        );
+        for target in [Target::Fp(CastFormat::E4M3), Target::E5M6] {
+            v.push(
+                CastKernel {
+                    input,
+                    block: (1, 0),
+                    target,
+                    sf_layout: ScaleLayout::ColMajorF32,
+                    round_sf: false,
+                    mode: CastMode::Cast,
+                    vecio: true,
+                    whole_row: Some((256, 4)),
+                }
+                .spec(),
+            );
+        }
     }
     v
 }
@@ -405,29 +437,10 @@ fn check_precomputed(sf: &DeviceView<'_, f32>, grid: &ScaleGrid) -> Result<u64> 
     Ok(st[0] as u64)
 }
 
-/// Validates the outputs against `plan` and `mode` and launches the cast of `x` (validated by
-/// the op into `plan`).
-pub(crate) fn launch(
-    x: &DeviceCastInput<'_>,
-    fmt: CastFormat,
-    plan: &CastPlan,
-    round_sf: bool,
-    mode: CastMode,
-    outs: CastOutputs<'_, '_, '_>,
-) -> Result<()> {
-    let dev = x.device();
-    let mut args = CastArgs {
-        m: plan.m as u64,
-        k: plan.k as u64,
-        nbm: plan.grid.nbm() as u64,
-        nbk: plan.grid.nbk() as u64,
-        rows_aligned: plan.grid.rows_aligned() as u64,
-        ..CastArgs::default()
-    };
+/// Fills the input fields of `args` from `x` and returns whether its rows allow the vector
+/// loads of `vec`-element fragments.
+fn input_args(x: &DeviceCastInput<'_>, vec: usize, plan: &CastPlan, args: &mut CastArgs) -> bool {
     let input = InputKind::of(x);
-    let vec = input.vec();
-    let frag_bytes = (vec * input.bits() / 8) as u64;
-    let mut aligned = plan.k % vec == 0;
     match x {
         DeviceCastInput::Plain(p) => {
             args.x = p.address();
@@ -440,8 +453,53 @@ pub(crate) fn launch(
             (args.xsf_s0, args.xsf_s1) = q.sf.strides();
         }
     }
+    // Fragment loads are min(fragment bytes, 16)-byte vectors.
+    let load = ((vec * input.bits() / 8) as u64).min(16);
     let storage_bytes = (input.bits() / 8).max(1) as u64;
-    aligned &= args.x % frag_bytes == 0 && (args.ldx * storage_bytes) % frag_bytes == 0;
+    plan.k % vec == 0 && args.x % load == 0 && (args.ldx * storage_bytes) % load == 0
+}
+
+/// The output-independent kernel arguments of `plan`.
+fn plan_args(plan: &CastPlan) -> CastArgs {
+    CastArgs {
+        m: plan.m as u64,
+        k: plan.k as u64,
+        nbm: plan.grid.nbm() as u64,
+        nbk: plan.grid.nbk() as u64,
+        rows_aligned: plan.grid.rows_aligned() as u64,
+        ..CastArgs::default()
+    }
+}
+
+/// Checks the output scales and stores their address in `args`.
+fn scale_args(
+    dev: &Device,
+    s: &mut DeviceScales,
+    plan: &CastPlan,
+    args: &mut CastArgs,
+) -> Result<()> {
+    check_out_scales(s, plan)?;
+    check_same_device("out_sf", dev, s.device())?;
+    args.sf = s.address();
+    Ok(())
+}
+
+/// Validates the outputs against `plan` and `mode` and launches the cast of `x` (validated by
+/// the op into `plan`).
+pub(crate) fn launch(
+    x: &DeviceCastInput<'_>,
+    fmt: CastFormat,
+    plan: &CastPlan,
+    round_sf: bool,
+    mode: CastMode,
+    outs: CastOutputs<'_, '_, '_>,
+) -> Result<()> {
+    let dev = x.device();
+    let mut args = plan_args(plan);
+    let input = InputKind::of(x);
+    let target = Target::Fp(fmt);
+    let vec = vec_of(input, target);
+    let mut aligned = input_args(x, vec, plan, &mut args);
     if mode != CastMode::SfOnly {
         let out = outs
             .out
@@ -449,7 +507,7 @@ pub(crate) fn launch(
         out.check_output("out", fmt, plan.m, plan.k)?;
         check_same_device("out", dev, out.device())?;
         args.out = out.address();
-        aligned &= args.out % (vec * 8 / fmt.values_per_byte() / 8) as u64 == 0;
+        aligned &= args.out % (vec / fmt.values_per_byte()) as u64 == 0;
     }
     if mode == CastMode::PrecomputedSf {
         let sf = outs
@@ -462,24 +520,50 @@ pub(crate) fn launch(
         let s = outs
             .out_sf
             .ok_or_else(|| TkError::param("out_sf", "missing scale output"))?;
-        check_out_scales(s, plan)?;
-        check_same_device("out_sf", dev, s.device())?;
-        args.sf = s.address();
+        scale_args(dev, s, plan, &mut args)?;
     }
-    let kernel = CastKernel::choose(input, plan, fmt, round_sf, mode, aligned)?;
+    let kernel = CastKernel::choose(input, plan, target, round_sf, mode, aligned)?;
+    enqueue(dev, &kernel, plan, &args)
+}
+
+/// Validates the outputs and launches the E5M6 cast of plain `x` (validated into `plan`, one
+/// scale per row): packed bytes `(M, 3K/2)` into `out`, scales into `out_sf`.
+pub(crate) fn launch_e5m6(
+    x: &DevicePlainInput<'_>,
+    plan: &CastPlan,
+    round_sf: bool,
+    out: &mut DeviceViewMut<'_, E5M6Bytes>,
+    out_sf: &mut DeviceScales,
+) -> Result<()> {
+    let x = DeviceCastInput::Plain(x.clone());
+    let dev = x.device();
+    let mut args = plan_args(plan);
+    let input = InputKind::of(&x);
+    let mut aligned = input_args(&x, 8, plan, &mut args);
+    check_contiguous("out", out.layout(), &[plan.m, plan.k / 2 * 3])?;
+    check_same_device("out", dev, out.device())?;
+    args.out = out.address();
+    aligned &= args.out % 4 == 0;
+    scale_args(dev, out_sf, plan, &mut args)?;
+    let kernel = CastKernel::choose(input, plan, Target::E5M6, round_sf, CastMode::Cast, aligned)?;
+    enqueue(dev, &kernel, plan, &args)
+}
+
+/// Launches `kernel` with `args` (validated by the callers) on `dev`'s stream.
+fn enqueue(dev: &Device, kernel: &CastKernel, plan: &CastPlan, args: &CastArgs) -> Result<()> {
     if plan.m == 0 {
         return Ok(());
     }
     let f = dev.function(&kernel.spec())?;
     let mut l = dev.stream().launch_builder(&f);
-    l.arg(&args);
-    // SAFETY: the op validated x (shape, strides, scales against their grid) and this function
-    // validated every output (contiguous, exact shape, scale layout and grid) and the
-    // precomputed scales (shape, unit column stride), all on x's device; the kernel reads
-    // x[r, c] for r < M, c < K through the row stride, the input scales inside their grid
-    // through their strides, writes out[r, c] inside (M, K) and the scale storage inside
-    // its allocation (storage_len), and vector accesses are used only when `aligned` proved
-    // the alignment. All buffers outlive the stream-ordered launch.
+    l.arg(args);
+    // SAFETY: the op validated x (shape, strides, scales against their grid) and `launch` /
+    // `launch_e5m6` validated every output (contiguous, exact shape, scale layout and grid)
+    // and the precomputed scales (shape, unit column stride), all on x's device; the kernel
+    // reads x[r, c] for r < M, c < K through the row stride, the input scales inside their
+    // grid through their strides, writes the output rows inside (M, K) (or (M, 3K/2) bytes)
+    // and the scale storage inside its allocation (storage_len), and vector accesses are used
+    // only when `vecio` proved the alignment. All buffers outlive the stream-ordered launch.
     unsafe { l.launch(kernel.config(plan)) }.ctx("launching tk_cast")?;
     Ok(())
 }

@@ -85,7 +85,16 @@ pub fn validate_e5m6(
     sf: &ScaleView<'_>,
     block: (usize, usize),
 ) -> Result<CastPlan> {
-    let (m, p) = check_matrix("x", data.layout())?;
+    let (m, k) = e5m6_dims(data.layout())?;
+    let grid = ScaleGrid::for_matrix_arg(m, k, block, "x_block_size")?;
+    let layout = sf.check("x.sf", &grid)?;
+    CastPlan::new_arg(m, k, block, layout, "x_block_size")
+}
+
+/// The logical `(M, K)` of packed E5M6 bytes of layout `data` `(M, 3K/2)`: unit column
+/// stride, at least one column, byte columns a multiple of 12. Errors name `x`.
+pub(crate) fn e5m6_dims(data: &tk_core::Layout) -> Result<(usize, usize)> {
+    let (m, p) = check_matrix("x", data)?;
     if p == 0 {
         return Err(TkError::Empty {
             arg: "x",
@@ -100,10 +109,7 @@ pub fn validate_e5m6(
         12,
         "E5M6 packs 8 values into 12 bytes, so K % 8 == 0",
     )?;
-    let k = p / 3 * 2;
-    let grid = ScaleGrid::for_matrix_arg(m, k, block, "x_block_size")?;
-    let layout = sf.check("x.sf", &grid)?;
-    CastPlan::new_arg(m, k, block, layout, "x_block_size")
+    Ok((m, p / 3 * 2))
 }
 
 #[cfg(feature = "cuda")]
@@ -114,12 +120,17 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 mod gpu {
     use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use tk_core::dtype::E5M6Bytes;
     use tk_core::error::DriverContext;
-    use tk_core::{DType, DeviceTensor, DeviceViewMut, KernelSource, KernelSpec, Result};
+    use tk_core::{
+        DType, DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result,
+    };
 
-    use super::validate_dims;
+    use super::{e5m6_dims, validate_dims};
     use crate::cast::check_same_device;
     use crate::device::{check_contiguous, DeviceQuantDataView, DeviceQuantInput, DeviceScaleView};
+    use crate::plan::CastPlan;
+    use crate::scale::ScaleGrid;
     use crate::types::{CastFormat, DequantElement};
 
     static SOURCE: KernelSource = KernelSource {
@@ -151,14 +162,21 @@ mod gpu {
     /// The specialisation for data `fmt`, packed or fp32 scales, `block`, output `out` and
     /// vector accesses.
     pub(crate) fn kernel_spec(
-        fmt: CastFormat,
+        fmt: Option<CastFormat>,
         packed_sf: bool,
         block: (usize, usize),
         out: DType,
         vecio: bool,
     ) -> KernelSpec {
         KernelSpec::new(&SOURCE)
-            .define("TK_IN", if fmt == CastFormat::E4M3 { 2 } else { 3 })
+            .define(
+                "TK_IN",
+                match fmt {
+                    Some(CastFormat::E4M3) => 2,
+                    Some(CastFormat::E2M1) => 3,
+                    None => 4,
+                },
+            )
             .define("TK_IN_SF", packed_sf as u8)
             .define("TK_BM", block.0)
             .define("TK_BK", block.1)
@@ -172,9 +190,12 @@ mod gpu {
         for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
             for (packed, block) in [(true, (1, 128)), (false, (128, 128)), (false, (128, 1))] {
                 for out in [DType::F32, DType::BF16] {
-                    v.push(kernel_spec(fmt, packed, block, out, true));
+                    v.push(kernel_spec(Some(fmt), packed, block, out, true));
                 }
             }
+        }
+        for out in [DType::F32, DType::BF16] {
+            v.push(kernel_spec(None, false, (1, 7168), out, true));
         }
         v
     }
@@ -197,31 +218,94 @@ mod gpu {
     ) -> Result<()> {
         let g = x.validate()?;
         let plan = validate_dims(g.m, g.k, x.block, g.sf_layout)?;
+        let fmt = x.data.format();
+        let src = Source {
+            fmt: Some(fmt),
+            address: x.data.address(),
+            ld: x.data.layout().strides()[0] as u64,
+            device: x.data.device(),
+            load_bytes: 8 / fmt.values_per_byte() as u64,
+        };
+        launch(&src, &x.sf, x.block, &plan, out)
+    }
+
+    /// Dequantizes packed E5M6 `data` `(M, 3K/2)` (`K % 8 == 0`, any row stride) with scales
+    /// `sf` for `block` (`cast_back(..., x_special_fmt='e5m6')`) to a new contiguous `(M, K)`
+    /// fp32 or bf16 tensor; bit-exact with [`crate::reference::cast_back_e5m6`].
+    pub fn cast_back_e5m6<O: DequantElement>(
+        data: &DeviceView<'_, E5M6Bytes>,
+        sf: &DeviceScaleView<'_>,
+        block: (usize, usize),
+    ) -> Result<DeviceTensor<O>> {
+        let (m, k) = e5m6_dims(data.layout())?;
+        let mut out = data.device().alloc::<O>(&[m, k])?;
+        cast_back_e5m6_into(data, sf, block, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`cast_back_e5m6`] into a caller-provided contiguous `(M, K)` `out`.
+    pub fn cast_back_e5m6_into<O: DequantElement>(
+        data: &DeviceView<'_, E5M6Bytes>,
+        sf: &DeviceScaleView<'_>,
+        block: (usize, usize),
+        out: &mut DeviceViewMut<'_, O>,
+    ) -> Result<()> {
+        let (m, k) = e5m6_dims(data.layout())?;
+        let grid = ScaleGrid::for_matrix_arg(m, k, block, "x_block_size")?;
+        let layout = sf.check("x.sf", &grid)?;
+        let plan = CastPlan::new_arg(m, k, block, layout, "x_block_size")?;
+        let src = Source {
+            fmt: None,
+            address: data.address(),
+            ld: data.layout().strides()[0] as u64,
+            device: data.device(),
+            load_bytes: 4,
+        };
+        launch(&src, sf, block, &plan, out)
+    }
+
+    /// The data side of a cast back: format (`None`: E5M6), address, row stride in bytes or
+    /// elements of one byte, device, and the alignment its vector loads need.
+    struct Source<'d> {
+        fmt: Option<CastFormat>,
+        address: u64,
+        ld: u64,
+        device: &'d tk_core::Device,
+        load_bytes: u64,
+    }
+
+    /// Checks `out` and launches the cast back of `src` with scales `sf` for `block`.
+    fn launch<O: DequantElement>(
+        src: &Source<'_>,
+        sf: &DeviceScaleView<'_>,
+        block: (usize, usize),
+        plan: &CastPlan,
+        out: &mut DeviceViewMut<'_, O>,
+    ) -> Result<()> {
         check_contiguous("out", out.layout(), &[plan.m, plan.k])?;
-        let dev = x.data.device();
+        let dev = src.device;
         check_same_device("out", dev, out.device())?;
-        check_same_device("x.sf", dev, x.sf.device())?;
+        check_same_device("x.sf", dev, sf.device())?;
         if plan.m == 0 {
             return Ok(());
         }
-        let (xsf_s0, xsf_s1) = x.sf.strides();
-        let fmt = x.data.format();
+        let (xsf_s0, xsf_s1) = sf.strides();
         let args = CastBackArgs {
-            x: x.data.address(),
-            ldx: x.data.layout().strides()[0] as u64,
-            x_sf: x.sf.address(),
+            x: src.address,
+            ldx: src.ld,
+            x_sf: sf.address(),
             xsf_s0,
             xsf_s1,
             out: out.address(),
             m: plan.m as u64,
             k: plan.k as u64,
         };
-        // Fragments are 8 logical elements: 8 bytes of e4m3 or 4 of e2m1 per load, 16 or 32
-        // bytes per store; `K % 64 == 0` keeps every row start aligned when the base is.
-        let load_bytes = 8 / fmt.values_per_byte() as u64;
-        let vecio = args.x % load_bytes == 0 && (args.ldx % load_bytes == 0) && args.out % 16 == 0;
-        let packed = matches!(x.sf, DeviceScaleView::Packed(_));
-        let spec = kernel_spec(fmt, packed, x.block, O::DTYPE, vecio);
+        // `K % 64 == 0` (or, E5M6, `K % 8 == 0` with 12-byte groups) keeps every row start
+        // aligned when the base and the row stride are.
+        let vecio =
+            args.x % src.load_bytes == 0 && args.ldx % src.load_bytes == 0 && args.out % 16 == 0;
+        let packed = matches!(sf, DeviceScaleView::Packed(_));
+        let spec = kernel_spec(src.fmt, packed, block, O::DTYPE, vecio);
         let f = dev.function(&spec)?;
         let frags = plan.m * (plan.k / 8);
         let cfg = LaunchConfig {
@@ -237,11 +321,11 @@ mod gpu {
         };
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&args);
-        // SAFETY: x was validated (shape, row stride, scales of the grid's shape through their
-        // strides) and out is contiguous (M, K) on the same device; the kernel reads
-        // x[r, 0..K] and the scales inside their grid and writes out[r, 0..K] for r < M only,
-        // with vector accesses only where `vecio` proved the alignment. The buffers outlive
-        // the stream-ordered launch.
+        // SAFETY: the data and scales were validated (shape, row stride, scales of the grid's
+        // shape through their strides) and out is contiguous (M, K) on the same device; the
+        // kernel reads the data rows r < M (K logical columns) and the scales inside their
+        // grid and writes out[r, 0..K] for r < M only, with vector accesses only where
+        // `vecio` proved the alignment. The buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_cast_back")?;
         Ok(())
     }

@@ -77,7 +77,9 @@ pub mod swiglu_forward_and_per_token_cast;
 pub mod types;
 
 #[cfg(feature = "cuda")]
-pub use cast_back::{cast_back, cast_back_into, per_token_cast_back};
+pub use cast_back::{
+    cast_back, cast_back_e5m6, cast_back_e5m6_into, cast_back_into, per_token_cast_back,
+};
 #[cfg(feature = "cuda")]
 pub use device::{
     DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataView,
@@ -97,9 +99,9 @@ pub use per_channel_cast_and_transpose::PerChannelCastAndTransposeParams;
 pub use per_channel_cast_fused::{FusedInput, PerChannelCastFusedParams};
 #[cfg(feature = "cuda")]
 pub use per_token_cast::{
-    per_token_cast, per_token_cast_into, per_token_cast_with_precomputed_sf,
-    per_token_cast_with_precomputed_sf_into, per_token_cast_with_sf_only,
-    per_token_cast_with_sf_only_into,
+    per_token_cast, per_token_cast_into, per_token_cast_to_e5m6, per_token_cast_to_e5m6_into,
+    per_token_cast_with_precomputed_sf, per_token_cast_with_precomputed_sf_into,
+    per_token_cast_with_sf_only, per_token_cast_with_sf_only_into,
 };
 pub use per_token_cast::{PerTokenCastParams, PerTokenE5M6Params};
 pub use plan::{CastMode, CastPlan};

@@ -242,11 +242,14 @@ pub use gpu::*;
 /// with block `(1, npc)`; bit-exact with [`crate::reference::per_token_cast`] and its variants.
 #[cfg(feature = "cuda")]
 mod gpu {
-    use tk_core::{DeviceView, Result};
+    use tk_core::dtype::E5M6Bytes;
+    use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, Result};
 
-    use super::{validate_dims, PerTokenCastParams};
+    use super::{validate_dims, validate_e5m6_dims, PerTokenCastParams, PerTokenE5M6Params};
     use crate::cast::{self, CastOutputs};
-    use crate::device::{DeviceCastInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
+    use crate::device::{
+        DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales,
+    };
     use crate::plan::{CastMode, CastPlan};
 
     fn plan(x: &DeviceCastInput<'_>, p: &PerTokenCastParams, mode: CastMode) -> Result<CastPlan> {
@@ -345,5 +348,34 @@ mod gpu {
             sf: Some(sf),
         };
         cast::launch(x, params.fmt, &plan, false, CastMode::PrecomputedSf, outs)
+    }
+
+    /// Per-token cast of `x` (fp32/bf16 `(M, K)`, `K % 8 == 0`, any row stride) to packed
+    /// E5M6 (`per_token_cast(x, 'e5m6', K)`): bytes `(M, 3K/2)` and one scale per row (grid
+    /// `(M, 1)` in the layout the options select). Bit-exact with
+    /// [`crate::reference::per_token_cast_to_e5m6`], the quirk below `2^-14` included.
+    pub fn per_token_cast_to_e5m6(
+        x: &DevicePlainInput<'_>,
+        params: &PerTokenE5M6Params,
+    ) -> Result<(DeviceTensor<E5M6Bytes>, DeviceScales)> {
+        let (m, k) = x.validate("x")?;
+        let plan = validate_e5m6_dims(m, k, params)?;
+        let mut out = x.device().alloc::<E5M6Bytes>(&[m, k / 2 * 3])?;
+        let mut sf = DeviceScales::alloc(x.device(), plan.sf_layout, plan.grid)?;
+        cast::launch_e5m6(x, &plan, params.opts.round_sf, &mut out.view_mut(), &mut sf)?;
+        Ok((out, sf))
+    }
+
+    /// [`per_token_cast_to_e5m6`] into a caller-provided contiguous `out` `(M, 3K/2)` and
+    /// `out_sf`.
+    pub fn per_token_cast_to_e5m6_into(
+        x: &DevicePlainInput<'_>,
+        params: &PerTokenE5M6Params,
+        out: &mut DeviceViewMut<'_, E5M6Bytes>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let (m, k) = x.validate("x")?;
+        let plan = validate_e5m6_dims(m, k, params)?;
+        cast::launch_e5m6(x, &plan, params.opts.round_sf, out, out_sf)
     }
 }

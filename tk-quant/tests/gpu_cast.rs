@@ -15,15 +15,15 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::bf16;
-use tk_core::dtype::Ue8m0x4;
+use tk_core::dtype::{E5M6Bytes, Ue8m0x4};
 use tk_core::testing::{assert_bits_eq, full_test, generate_hidden_sizes, gpu_or_skip, Rng};
 use tk_core::{Device, DeviceTensor, HostTensor, Layout, TkError};
 use tk_quant::reference;
 use tk_quant::{
     CastFormat, CastInput, DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataView,
     DeviceQuantInput, DeviceScaleView, DeviceScales, HostScales, PerBlockCastParams,
-    PerChannelCastParams, PerTokenCastParams, PlainInput, QuantData, QuantInput, ScaleLayout,
-    ScaleOptions,
+    PerChannelCastParams, PerTokenCastParams, PerTokenE5M6Params, PlainInput, QuantData,
+    QuantInput, ScaleLayout, ScaleOptions,
 };
 
 const POISON: u8 = 0xA7;
@@ -133,7 +133,17 @@ impl DevQuant {
             QuantData::E4M3(t) => DevData::E4M3(dev.upload(t).unwrap()),
             QuantData::E2M1(t) => DevData::E2M1(dev.upload(t).unwrap()),
         };
-        let sf = match (s.f32_storage(), s.packed_storage()) {
+        Self {
+            data,
+            sf: Self::upload_scales(dev, s),
+            layout: s.layout(),
+            grid: s.grid(),
+        }
+    }
+
+    /// The scales' full allocation on the device.
+    fn upload_scales(dev: &Device, s: &HostScales) -> DevSf {
+        match (s.f32_storage(), s.packed_storage()) {
             (Some(f), _) => DevSf::F32(
                 dev.upload(&HostTensor::from_vec(f.to_vec(), &[f.len()]).unwrap())
                     .unwrap(),
@@ -143,26 +153,30 @@ impl DevQuant {
                     .unwrap(),
             ),
             _ => unreachable!("scales are fp32 or packed"),
-        };
-        Self {
-            data,
-            sf,
-            layout: s.layout(),
-            grid: s.grid(),
         }
     }
 
     fn input(&self, block: (usize, usize)) -> DeviceQuantInput<'_> {
-        let l = self.grid.tensor_layout(self.layout);
         let data = match &self.data {
             DevData::E4M3(t) => DeviceQuantDataView::E4M3(t.view()),
             DevData::E2M1(t) => DeviceQuantDataView::E2M1(t.view()),
         };
-        let sf = match &self.sf {
+        let l = self.grid.tensor_layout(self.layout);
+        DeviceQuantInput::new(data, self.sf.view_as(l), block)
+    }
+}
+
+impl DevSf {
+    /// The scales as a view with `hs`'s tensor layout.
+    fn view(&self, hs: &HostScales) -> DeviceScaleView<'_> {
+        self.view_as(hs.grid().tensor_layout(hs.layout()))
+    }
+
+    fn view_as(&self, l: Layout) -> DeviceScaleView<'_> {
+        match self {
             DevSf::F32(t) => DeviceScaleView::F32(t.view().with_layout(l).unwrap()),
             DevSf::Packed(t) => DeviceScaleView::Packed(t.view().with_layout(l).unwrap()),
-        };
-        DeviceQuantInput::new(data, sf, block)
+        }
     }
 }
 
@@ -844,4 +858,132 @@ fn gpu_bad_outputs_are_typed_errors() {
     let mut o = dev.alloc::<f32>(&[4, 64]).unwrap();
     let e = tk_quant::cast_back_into(&dq.input((1, 128)), &mut o.view_mut()).unwrap_err();
     assert!(matches!(e, TkError::Shape { arg: "out", .. }), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// E5M6
+// ---------------------------------------------------------------------------------------------
+
+/// E5M6 cast of `x` on the GPU vs the reference (bytes and scales), then the GPU cast back of
+/// the GPU's bytes (fp32 and bf16, row blocks `(1, K)` and a 2-D block) vs the reference.
+fn check_e5m6(dev: &Device, name: &str, buf: &HostPlain, l: &Layout, opts: ScaleOptions) {
+    let (m, k) = (l.shape()[0], l.shape()[1]);
+    let params = PerTokenE5M6Params::new(k, opts);
+    let (rq, rs) = reference::per_token_cast_to_e5m6(&buf.input(l), &params).unwrap();
+    let dbuf = buf.upload(dev);
+    let mut q = dev.alloc::<E5M6Bytes>(&[m, k / 2 * 3]).unwrap();
+    q.fill_bytes(POISON).unwrap();
+    let mut s = DeviceScales::alloc(dev, rs.layout(), rs.grid()).unwrap();
+    s.fill_bytes(POISON).unwrap();
+    tk_quant::per_token_cast_to_e5m6_into(&dbuf.input(l), &params, &mut q.view_mut(), &mut s)
+        .unwrap();
+    let gq = q.to_host().unwrap();
+    let bytes = |t: &HostTensor<E5M6Bytes>| t.as_slice().iter().map(|b| b.0).collect::<Vec<u8>>();
+    assert_bits_eq(&format!("{name}: e5m6 bytes"), &bytes(&gq), &bytes(&rq));
+    check(name, None, Some(&s), None, Some(&rs));
+    for block in [(1, k), (3, 8)] {
+        let hs = if block == (1, k) {
+            rs.clone()
+        } else {
+            let grid = tk_quant::ScaleGrid::new(m.div_ceil(3), k / 8).unwrap();
+            HostScales::from_fn(ScaleLayout::ColMajorF32, grid, |mb, kb| {
+                (1 + (mb * 7 + kb) % 5) as f32 * 0.375
+            })
+            .unwrap()
+        };
+        let dsf = DevQuant::upload_scales(dev, &hs);
+        let dview = dsf.view(&hs);
+        let r32 = reference::cast_back_e5m6::<f32>(&gq.view(), &hs.view(), block).unwrap();
+        let mut o32 = dev.alloc::<f32>(&[m, k]).unwrap();
+        o32.fill_bytes(POISON).unwrap();
+        tk_quant::cast_back_e5m6_into(&q.view(), &dview, block, &mut o32.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("{name}: cast back {block:?} fp32"),
+            o32.to_host().unwrap().as_slice(),
+            r32.as_slice(),
+        );
+        let r16 = reference::cast_back_e5m6::<bf16>(&gq.view(), &hs.view(), block).unwrap();
+        let o16 = tk_quant::cast_back_e5m6::<bf16>(&q.view(), &dview, block).unwrap();
+        assert_bits_eq(
+            &format!("{name}: cast back {block:?} bf16"),
+            o16.to_host().unwrap().as_slice(),
+            r16.as_slice(),
+        );
+    }
+}
+
+#[test]
+fn gpu_e5m6_grid() {
+    let Some(dev) = gpu_or_skip("gpu_e5m6_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in grid_ms(&[4001, 8001]) {
+        for k in generate_hidden_sizes(64) {
+            for opts in grid_configs() {
+                for bf in [false, true] {
+                    cases.push((m, k, bf, opts, k));
+                }
+            }
+        }
+    }
+    // Off grid: small K, K not a multiple of 64, padded and unaligned rows, fp32 scales.
+    for (m, k) in [(1, 8), (3, 24), (37, 1000), (5, 65536)] {
+        for opts in [
+            ScaleOptions::row_major(false),
+            ScaleOptions::col_major(false),
+            ScaleOptions::packed_ue8m0(),
+        ] {
+            for bf in [false, true] {
+                cases.push((m, k, bf, opts, k));
+                cases.push((m, k, bf, opts, k + 5));
+            }
+        }
+    }
+    par_cases(&cases, |&(m, k, bf, opts, ld)| {
+        let name = format!(
+            "e5m6 M={m} K={k} ld={ld} bf16={bf} {:?}",
+            opts.layout().unwrap()
+        );
+        let off = usize::from(ld != k);
+        let buf = HostPlain::randn(bf, m + 1, ld, &name);
+        let l = Layout::new(vec![m, k], vec![ld, 1], off).unwrap();
+        check_e5m6(&dev.with_new_stream().unwrap(), &name, &buf, &l, opts);
+    });
+}
+
+/// Values whose scaled magnitude falls below 2^-14 (the documented quirk of the kernel's
+/// encoder), subnormals, zeros, ±inf and NaN, in E5M6.
+#[test]
+fn gpu_e5m6_special_values() {
+    let Some(dev) = gpu_or_skip("gpu_e5m6_special_values") else {
+        return;
+    };
+    let (m, k) = (8, 256);
+    let mut x = Rng::for_case("e5m6 specials").randn(&[m, k], |v| v);
+    let xs = x.as_mut_slice();
+    for (i, v) in xs[..k].iter_mut().enumerate() {
+        *v = 10f32.powi(-((i % 40) as i32)) * if i % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    xs[0] = 1.0e3; // row 0: a wide dynamic range
+    xs[k..2 * k].iter_mut().for_each(|v| *v = 0.0);
+    for (i, v) in xs[2 * k..3 * k].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + 4099 * i as u32);
+    }
+    xs[3 * k + 3] = f32::INFINITY;
+    xs[4 * k + 9] = f32::NAN;
+    xs[5 * k + 1] = f32::NEG_INFINITY;
+    let buf = HostPlain::F32(x);
+    for opts in [
+        ScaleOptions::row_major(false),
+        ScaleOptions::col_major(true),
+    ] {
+        check_e5m6(
+            &dev,
+            "e5m6 specials",
+            &buf,
+            &Layout::contiguous(&[m, k]),
+            opts,
+        );
+    }
 }
