@@ -12,8 +12,8 @@ use tk_core::testing::par_random_bits;
 use tk_core::{Device, DeviceTensor, Result};
 use tk_quant::{
     CastFormat, DeviceCastInput, DevicePlainInput, DeviceQuantInput, DeviceScales,
-    PerBlockCastParams, PerChannelCastParams, PerTokenCastParams, PerTokenE5M6Params, ScaleLayout,
-    ScaleOptions,
+    LosslessCastParams, LosslessStatus, PerBlockCastParams, PerChannelCastParams,
+    PerTokenCastParams, PerTokenE5M6Params, ScaleLayout, ScaleOptions,
 };
 
 /// Upstream's measured µs on our H200 (`bench/upstream-h200.md`): (op, params, µs).
@@ -44,6 +44,16 @@ const UPSTREAM: &[(&str, &str, f64)] = &[
     ("per_token_cast_to_e5m6", "8001x7168 bf16 C", 54.2),
     ("per_token_cast_to_e5m6", "4001x2048 bf16 A round", 10.2),
     ("cast_back_e5m6", "8001x7168 A round->fp32", 119.0),
+    (
+        "per_block_cast_lossless",
+        "8001x7168 e2m1 1x32 C->e4m3 128x128 C",
+        90.5,
+    ),
+    (
+        "per_block_cast_lossless",
+        "8001x7168 e2m1 1x32 A->e4m3 1x128 A",
+        88.8,
+    ),
     (
         "per_token_cast_back",
         "8001x7168 e4m3 npc=128 C->bf16",
@@ -386,6 +396,43 @@ fn bench_e5m6(b: &mut Bench) -> Result<()> {
     Ok(())
 }
 
+fn bench_lossless(b: &mut Bench) -> Result<()> {
+    let dev = b.device().clone();
+    let (m, k) = (8001, 7168);
+    let x = Plain::new(&dev, true, m, k)?;
+    for (opts, cfg) in [
+        (ScaleOptions::packed_ue8m0(), "C"),
+        (ScaleOptions::row_major(true), "A"),
+    ] {
+        let (q, s) = tk_quant::per_token_cast(
+            &DeviceCastInput::Plain(x.input()),
+            &PerTokenCastParams::new(CastFormat::E2M1, 32, opts),
+        )?;
+        let din = DeviceQuantInput::new(q.view(), s.view()?, (1, 32));
+        for ob in [(128, 128), (1, 128), (32, 32)] {
+            let p = format!("{m}x{k} e2m1 1x32 {cfg}->e4m3 {}x{} {cfg}", ob.0, ob.1);
+            if !b.enabled("per_block_cast_lossless", &p) {
+                continue;
+            }
+            let params = LosslessCastParams::new(ob, opts);
+            let (mut out, mut sf) = tk_quant::per_block_cast_lossless(&din, &params)?;
+            let status = LosslessStatus::new(&dev)?;
+            let bytes = m * k / 2 + sf_bytes(&s) + m * k + sf_bytes(&sf);
+            b.run("per_block_cast_lossless", &p, bytes, || {
+                tk_quant::per_block_cast_lossless_into(
+                    &din,
+                    &params,
+                    &mut out.view_mut(),
+                    &mut sf,
+                    &status,
+                )
+            })?;
+            status.check()?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let Some(mut b) = Bench::from_args()? else {
         return Ok(());
@@ -395,6 +442,7 @@ fn main() -> Result<()> {
     bench_per_channel(&mut b)?;
     bench_cast_back(&mut b)?;
     bench_e5m6(&mut b)?;
+    bench_lossless(&mut b)?;
     let records = b.finish()?;
     println!(
         "\n| op | params | ours µs | upstream µs | ours / upstream |\n|---|---|---:|---:|---:|"

@@ -91,6 +91,10 @@ pub use per_block_cast::{
     per_block_cast, per_block_cast_into, per_block_cast_with_precomputed_sf,
     per_block_cast_with_sf_only,
 };
+#[cfg(feature = "cuda")]
+pub use per_block_cast_lossless::{
+    per_block_cast_lossless, per_block_cast_lossless_into, LosslessStatus,
+};
 pub use per_block_cast_lossless::{LosslessCastParams, LosslessPlan};
 pub use per_channel_cast::PerChannelCastParams;
 #[cfg(feature = "cuda")]
@@ -121,6 +125,7 @@ pub use types::{
 pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
     let mut v = cast::registered_kernels();
     v.extend(cast_back::registered_kernels());
+    v.extend(per_block_cast_lossless::registered_kernels());
     v
 }
 

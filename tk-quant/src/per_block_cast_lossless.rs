@@ -207,3 +207,254 @@ pub fn validate_dims(
         output: CastPlan::new_arg(m, k, params.out_block_size, out_layout, "out_block_size")?,
     })
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU ops (feature `cuda`): `cuda/per_block_cast_lossless.cu`, two passes (output
+/// exponents per block, then the element-wise requantization), bit-exact with
+/// [`crate::reference::per_block_cast_lossless`]. The data-dependent errors are recorded on the
+/// device in a [`LosslessStatus`] and reported by [`LosslessStatus::check`] (a host sync).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use tk_core::error::DriverContext;
+    use tk_core::{Device, DeviceTensor, KernelSource, KernelSpec, Result, TkError};
+
+    use super::{validate_dims, LosslessCastParams, LosslessPlan, MAX_EXPONENT_SPREAD};
+    use crate::cast::{check_out_scales, check_same_device};
+    use crate::device::{
+        DeviceQuantData, DeviceQuantDataViewMut, DeviceQuantInput, DeviceScaleView, DeviceScales,
+    };
+    use crate::scale::ScaleLayout;
+    use crate::types::CastFormat;
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "per_block_cast_lossless.cu",
+        entry: "tk_lossless",
+        code: include_str!("../cuda/per_block_cast_lossless.cu"),
+        headers: &[("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh"))],
+        needs_cuda_headers: true,
+    };
+
+    /// The kernel arguments, field for field `Params` in `cuda/per_block_cast_lossless.cu`.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    struct LosslessArgs {
+        x: u64,
+        ldx: u64,
+        x_sf: u64,
+        xsf_s0: u64,
+        xsf_s1: u64,
+        out: u64,
+        sf: u64,
+        flag: u64,
+        m: u64,
+        k: u64,
+        in_nbm: u64,
+        in_nbk: u64,
+        nbm: u64,
+        nbk: u64,
+        rows_aligned: u64,
+    }
+
+    // SAFETY: `repr(C)` plain old data (15 × u64, no padding), laid out exactly as the
+    // kernel's `Params`, which the kernel receives by value.
+    unsafe impl DeviceRepr for LosslessArgs {}
+
+    /// The data-dependent error bits a lossless cast records on the device (see
+    /// [`LosslessStatus::check`]). Bits accumulate over every call that used the status.
+    #[derive(Debug)]
+    pub struct LosslessStatus {
+        flag: DeviceTensor<i32>,
+    }
+
+    impl LosslessStatus {
+        /// A cleared status on `dev`.
+        pub fn new(dev: &Device) -> Result<Self> {
+            Ok(Self {
+                flag: dev.zeros::<i32>(&[1])?,
+            })
+        }
+
+        /// Waits for the stream and returns the first recorded error, each a
+        /// [`TkError::Param`] naming `x.sf`, in the order of the module docs: an input scale
+        /// that is not a positive normal power of two; an input block more than
+        /// 2^[`MAX_EXPONENT_SPREAD`] below its output block's largest input scale; an output
+        /// scale of 0.0 over nonzero data. **Synchronises with the host.**
+        pub fn check(&self) -> Result<()> {
+            let bits = self.flag.to_host()?.as_slice()[0] as u32;
+            let msg = if bits & 1 != 0 {
+                "an input scale is not a positive normal power of two (2^-126 ..= 2^127, UE8M0 \
+                 bytes 1..=254); the lossless cast works on scale exponents only"
+                    .to_string()
+            } else if bits & 2 != 0 {
+                format!(
+                    "an input block's scale is more than 2^{MAX_EXPONENT_SPREAD} below the \
+                     largest input scale of its output block, which FP8 e4m3 cannot hold \
+                     exactly; use a smaller out_block_size"
+                )
+            } else if bits & 4 != 0 {
+                "an output block's largest input scale is 2^-121 or less, so its output scale \
+                 saturates to 0.0 and its nonzero values would be lost"
+                    .to_string()
+            } else {
+                return Ok(());
+            };
+            Err(TkError::param("x.sf", msg))
+        }
+    }
+
+    /// The specialisation of `pass` (1 or 2) for the blocks, scale kinds and vector access.
+    fn kernel_spec(
+        pass: u8,
+        packed_in: bool,
+        in_block: (usize, usize),
+        out_block: (usize, usize),
+        out_layout: ScaleLayout,
+        vecio: bool,
+    ) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_PASS", pass)
+            .define("TK_IN", 3)
+            .define("TK_IN_SF", packed_in as u8)
+            .define("TK_IH", in_block.0)
+            .define("TK_IW", in_block.1)
+            .define("TK_OH", out_block.0)
+            .define("TK_OW", out_block.1)
+            .define(
+                "TK_SF_OUT",
+                match out_layout {
+                    ScaleLayout::RowMajorF32 => 0,
+                    ScaleLayout::ColMajorF32 => 1,
+                    ScaleLayout::PackedUe8m0 => 2,
+                },
+            )
+            .define("TK_VECIO", vecio as u8)
+    }
+
+    /// The specialisations of the spec's benchmark grid (for compile checks and prewarm).
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for (packed, layout) in [
+            (true, ScaleLayout::PackedUe8m0),
+            (false, ScaleLayout::RowMajorF32),
+        ] {
+            for out_block in [(1, 128), (32, 32), (128, 128)] {
+                for pass in [1, 2] {
+                    v.push(kernel_spec(pass, packed, (1, 32), out_block, layout, true));
+                }
+            }
+        }
+        v
+    }
+
+    fn plan(x: &DeviceQuantInput<'_>, params: &LosslessCastParams) -> Result<LosslessPlan> {
+        let g = x.validate()?;
+        if x.data.format() != CastFormat::E2M1 {
+            return Err(TkError::Dtype {
+                arg: "x",
+                expected: "packed FP4 e2m1 data (the lossless cast reads FP4 and writes FP8 e4m3)"
+                    .into(),
+                got: tk_core::DType::E4M3,
+            });
+        }
+        validate_dims(g.m, g.k, x.block, g.sf_layout, params)
+    }
+
+    /// Lossless FP4 → FP8 requantization of `x` (packed e2m1 `(M, K/2)`, `K % 32 == 0`,
+    /// scales for `x.block`): e4m3 data `(M, K)` and power-of-two scales of grid
+    /// `(ceil(M/oh), ceil(K/ow))` in the layout `params.opts` selects.
+    ///
+    /// **Synchronises with the host** to report the data-dependent errors (see
+    /// [`LosslessStatus::check`]); [`per_block_cast_lossless_into`] does not.
+    pub fn per_block_cast_lossless(
+        x: &DeviceQuantInput<'_>,
+        params: &LosslessCastParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let plan = plan(x, params)?;
+        let dev = x.data.device();
+        let (m, k) = (plan.output.m, plan.output.k);
+        let mut out = DeviceQuantData::alloc(dev, CastFormat::E4M3, m, k)?;
+        let mut sf = DeviceScales::alloc(dev, plan.output.sf_layout, plan.output.grid)?;
+        let status = LosslessStatus::new(dev)?;
+        per_block_cast_lossless_into(x, params, &mut out.view_mut(), &mut sf, &status)?;
+        status.check()?;
+        Ok((out, sf))
+    }
+
+    /// [`per_block_cast_lossless`] into caller-provided contiguous e4m3 `out` and `out_sf`,
+    /// without a host sync: data-dependent errors are OR-ed into `status` (check it with
+    /// [`LosslessStatus::check`] before using the outputs).
+    pub fn per_block_cast_lossless_into(
+        x: &DeviceQuantInput<'_>,
+        params: &LosslessCastParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+        status: &LosslessStatus,
+    ) -> Result<()> {
+        let plan = plan(x, params)?;
+        let (m, k) = (plan.output.m, plan.output.k);
+        let dev = x.data.device();
+        out.check_output("out", CastFormat::E4M3, m, k)?;
+        check_same_device("out", dev, out.device())?;
+        check_out_scales(out_sf, &plan.output)?;
+        check_same_device("out_sf", dev, out_sf.device())?;
+        check_same_device("status", dev, status.flag.device())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let (xsf_s0, xsf_s1) = x.sf.strides();
+        let args = LosslessArgs {
+            x: x.data.address(),
+            ldx: x.data.layout().strides()[0] as u64,
+            x_sf: x.sf.address(),
+            xsf_s0,
+            xsf_s1,
+            out: out.address(),
+            sf: out_sf.address(),
+            flag: status.flag.view().address(),
+            m: m as u64,
+            k: k as u64,
+            in_nbm: plan.input.grid.nbm() as u64,
+            in_nbk: plan.input.grid.nbk() as u64,
+            nbm: plan.output.grid.nbm() as u64,
+            nbk: plan.output.grid.nbk() as u64,
+            rows_aligned: plan.output.grid.rows_aligned() as u64,
+        };
+        // Pass 2 loads 4 bytes of FP4 and stores 8 of FP8 per fragment; K % 32 == 0 keeps the
+        // rows aligned when the bases and the row stride are.
+        let vecio = args.x % 4 == 0 && args.ldx % 4 == 0 && args.out % 8 == 0;
+        let packed = matches!(x.sf, DeviceScaleView::Packed(_));
+        let sms = dev.props().sm_count as usize;
+        for (pass, items) in [
+            (1u8, plan.output.grid.nbm() * plan.output.grid.nbk()),
+            (2, m * k / 8),
+        ] {
+            let spec = kernel_spec(
+                pass,
+                packed,
+                x.block,
+                params.out_block_size,
+                plan.output.sf_layout,
+                vecio,
+            );
+            let f = dev.function(&spec)?;
+            let cfg = LaunchConfig {
+                grid_dim: (items.div_ceil(256).clamp(1, sms * 64) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut l = dev.stream().launch_builder(&f);
+            l.arg(&args);
+            // SAFETY: x was validated (e2m1 data rows through their stride, scales of the input
+            // grid through their strides), out is contiguous (M, K) e4m3, out_sf has the output
+            // grid's full allocation and status one i32, all on x's device; pass 1 reads the
+            // input scales inside their grid and writes out_sf inside its allocation, pass 2
+            // reads rows r < M and the scales and writes out[r, 0..K]; vector accesses only
+            // where `vecio` proved the alignment. Buffers outlive the stream-ordered launches.
+            unsafe { l.launch(cfg) }.ctx("launching tk_lossless")?;
+        }
+        Ok(())
+    }
+}

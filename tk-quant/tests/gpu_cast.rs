@@ -12,6 +12,8 @@
 //! Cases run on all host cores (the CPU references dominate), each worker on its own stream.
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
+mod op_common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::bf16;
@@ -21,9 +23,9 @@ use tk_core::{Device, DeviceTensor, HostTensor, Layout, TkError};
 use tk_quant::reference;
 use tk_quant::{
     CastFormat, CastInput, DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataView,
-    DeviceQuantInput, DeviceScaleView, DeviceScales, HostScales, PerBlockCastParams,
-    PerChannelCastParams, PerTokenCastParams, PerTokenE5M6Params, PlainInput, QuantData,
-    QuantInput, ScaleLayout, ScaleOptions,
+    DeviceQuantInput, DeviceScaleView, DeviceScales, HostScales, LosslessCastParams,
+    LosslessStatus, PerBlockCastParams, PerChannelCastParams, PerTokenCastParams,
+    PerTokenE5M6Params, PlainInput, QuantData, QuantInput, ScaleLayout, ScaleOptions,
 };
 
 const POISON: u8 = 0xA7;
@@ -986,4 +988,142 @@ fn gpu_e5m6_special_values() {
             opts,
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// per_block_cast_lossless
+// ---------------------------------------------------------------------------------------------
+
+/// The lossless cast of upstream's test data (`rand_float`, cast to e2m1 with `(1, 32)` blocks
+/// and power-of-two scales in `in_opts`) on the GPU vs the reference: data and scales.
+fn check_lossless(
+    dev: &Device,
+    name: &str,
+    m: usize,
+    k: usize,
+    in_opts: ScaleOptions,
+    params: &LosslessCastParams,
+) {
+    let mut rng = Rng::for_case(name);
+    let u = rng.below(237) as i32 - 110;
+    let x = op_common::rand_float(&mut rng, m, k, u);
+    let (q, s) = reference::cast(&x.view().into(), CastFormat::E2M1, (1, 32), in_opts).unwrap();
+    let hin = QuantInput::new(q.view(), s.view(), (1, 32));
+    let (rd, rs) = reference::per_block_cast_lossless(&hin, params).unwrap();
+    let dq = DevQuant::upload(dev, &q, &s);
+    let (mut d, mut ds) = poisoned(dev, CastFormat::E4M3, m, k, rs.layout(), rs.grid());
+    let status = LosslessStatus::new(dev).unwrap();
+    tk_quant::per_block_cast_lossless_into(
+        &dq.input((1, 32)),
+        params,
+        &mut d.view_mut(),
+        &mut ds,
+        &status,
+    )
+    .unwrap();
+    status.check().unwrap();
+    check(name, Some(&d), Some(&ds), Some(&rd), Some(&rs));
+}
+
+#[test]
+fn gpu_per_block_cast_lossless_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_block_cast_lossless_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in grid_ms(&[4001, 8001]) {
+        for k in generate_hidden_sizes(64) {
+            for in_opts in grid_configs() {
+                for out_opts in grid_configs() {
+                    for ob in [(1, 128), (32, 32), (128, 128)] {
+                        cases.push((m, k, in_opts, out_opts, ob));
+                    }
+                }
+            }
+        }
+    }
+    for (m, k) in [(1, 32), (3, 96), (37, 4160)] {
+        for ob in [(1, 32), (2, 64), (3, 32), (64, 256)] {
+            cases.push((
+                m,
+                k,
+                ScaleOptions::col_major(true),
+                ScaleOptions::col_major(false),
+                ob,
+            ));
+        }
+    }
+    par_cases(&cases, |&(m, k, in_opts, out_opts, ob)| {
+        let name = format!(
+            "lossless M={m} K={k} in={:?} out={:?} {ob:?}",
+            in_opts.layout().unwrap(),
+            out_opts.layout().unwrap()
+        );
+        check_lossless(
+            &dev.with_new_stream().unwrap(),
+            &name,
+            m,
+            k,
+            in_opts,
+            &LosslessCastParams::new(ob, out_opts),
+        );
+    });
+}
+
+/// Each data-dependent error of the lossless cast is reported by the status (and by the
+/// syncing op) exactly when the reference reports it.
+#[test]
+fn gpu_per_block_cast_lossless_errors() {
+    let Some(dev) = gpu_or_skip("gpu_per_block_cast_lossless_errors") else {
+        return;
+    };
+    let (m, k) = (4, 64);
+    let x = Rng::new(5).randn(&[m, k], |v| v);
+    let params = LosslessCastParams::new((4, 64), ScaleOptions::row_major(true));
+    let (q, s) = reference::cast(
+        &x.view().into(),
+        CastFormat::E2M1,
+        (1, 32),
+        ScaleOptions::row_major(true),
+    )
+    .unwrap();
+    let grid = s.grid();
+    let mut cases: Vec<(&str, HostScales, QuantData)> = Vec::new();
+    // 1: a scale that is not a power of two.
+    let mut v = s.to_grid();
+    v[3] *= 1.5;
+    cases.push((
+        "non-power-of-two scale",
+        HostScales::from_grid(ScaleLayout::RowMajorF32, grid, &v).unwrap(),
+        q.clone(),
+    ));
+    // 2: one input block 2^12 below the others.
+    let mut v = s.to_grid();
+    v[2] = v.iter().cloned().fold(0.0, f32::max) / 4096.0 / 2.0;
+    cases.push((
+        "spread",
+        HostScales::from_grid(ScaleLayout::RowMajorF32, grid, &v).unwrap(),
+        q.clone(),
+    ));
+    // 3: every scale tiny (E_max <= 6) over nonzero data.
+    let v = vec![f32::from_bits(3 << 23); grid.nbm() * grid.nbk()];
+    cases.push((
+        "zero output scale",
+        HostScales::from_grid(ScaleLayout::RowMajorF32, grid, &v).unwrap(),
+        q.clone(),
+    ));
+    for (what, hs, hq) in &cases {
+        let hin = QuantInput::new(hq.view(), hs.view(), (1, 32));
+        let r = reference::per_block_cast_lossless(&hin, &params);
+        assert!(r.is_err(), "{what}: the reference must reject it");
+        let dq = DevQuant::upload(&dev, hq, hs);
+        let e = tk_quant::per_block_cast_lossless(&dq.input((1, 32)), &params).unwrap_err();
+        assert!(
+            matches!(e, TkError::Param { arg: "x.sf", .. }),
+            "{what}: {e}"
+        );
+    }
+    // And a valid input reports nothing.
+    let dq = DevQuant::upload(&dev, &q, &s);
+    tk_quant::per_block_cast_lossless(&dq.input((1, 32)), &params).unwrap();
 }

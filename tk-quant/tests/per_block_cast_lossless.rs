@@ -7,7 +7,9 @@
 mod common;
 mod op_common;
 
-use op_common::{all_configs, assert_err, bad_packed_configs, bits, e4m3_data, rounded_configs};
+use op_common::{
+    all_configs, assert_err, bad_packed_configs, bits, e4m3_data, rand_float, rounded_configs,
+};
 use tk_core::dtype::{E2M1x2, Ue8m0x4};
 use tk_core::testing::Rng;
 use tk_core::{HostTensor, HostView, Layout};
@@ -46,27 +48,6 @@ fn scales(
     f: impl FnMut(usize, usize) -> f32,
 ) -> HostScales {
     HostScales::from_fn(layout, ScaleGrid::for_matrix(m, k, block).unwrap(), f).unwrap()
-}
-
-/// Upstream's test data: randn · 2^u, clamped to ±FLT_MAX/8, then every |x| below
-/// max|x| / 512 raised to it (keeping the sign).
-fn rand_float(rng: &mut Rng, m: usize, k: usize, u: i32) -> HostTensor<f32> {
-    let lim = f32::MAX / 8.0;
-    let x: Vec<f32> = (0..m * k)
-        .map(|_| ((rng.normal() as f64) * 2f64.powi(u)).clamp(-lim as f64, lim as f64) as f32)
-        .collect();
-    let floor = x.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 512.0;
-    let x = x
-        .into_iter()
-        .map(|v| {
-            if v.abs() < floor {
-                floor.copysign(v)
-            } else {
-                v
-            }
-        })
-        .collect();
-    HostTensor::from_vec(x, &[m, k]).unwrap()
 }
 
 /// The independent check: dequantized values equal bit for bit, and every output scale is

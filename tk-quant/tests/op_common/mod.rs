@@ -4,6 +4,7 @@
 
 use float8::F8E4M3;
 use half::bf16;
+use tk_core::testing::Rng;
 use tk_core::{HostTensor, HostView, TkError};
 use tk_quant::{QuantData, ScaleOptions};
 
@@ -112,4 +113,25 @@ pub fn assert_err(err: TkError, kind: &str, arg: &str) {
         e => panic!("unexpected error {e:?}"),
     };
     assert_eq!((k, a), (kind, arg), "{err}");
+}
+
+/// Upstream's test data: randn · 2^u, clamped to ±FLT_MAX/8, then every |x| below
+/// max|x| / 512 raised to it (keeping the sign).
+pub fn rand_float(rng: &mut Rng, m: usize, k: usize, u: i32) -> HostTensor<f32> {
+    let lim = f32::MAX / 8.0;
+    let x: Vec<f32> = (0..m * k)
+        .map(|_| ((rng.normal() as f64) * 2f64.powi(u)).clamp(-lim as f64, lim as f64) as f32)
+        .collect();
+    let floor = x.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 512.0;
+    let x = x
+        .into_iter()
+        .map(|v| {
+            if v.abs() < floor {
+                floor.copysign(v)
+            } else {
+                v
+            }
+        })
+        .collect();
+    HostTensor::from_vec(x, &[m, k]).unwrap()
 }
