@@ -214,7 +214,10 @@ constexpr int LK = TK_BK == 1 ? 1 : TK_BK / VEC;            // lanes per block c
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
 static_assert(TK_BK == 1 || (TK_BK % VEC == 0 && TKC % TK_BK == 0), "BK must be 1 or VEC * 2^j <= LX * VEC");
 
-extern "C" __global__ void __launch_bounds__(256) tk_cast(const Params p) {
+#ifndef TK_MINB
+#error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
+#endif
+extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;

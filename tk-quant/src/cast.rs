@@ -217,7 +217,14 @@ impl CastKernel {
         };
         match self.whole_row {
             Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
-            None => s.define("TK_LX", self.lx()),
+            // At least 3 resident CTAs (24 warps) per SM for the per-token tiling of plain
+            // input, 2 for quantized input and the taller blocks (more live state per thread:
+            // 3 would make them spill).
+            None => {
+                let plain = !matches!(self.input, InputKind::Quantized { .. });
+                let minb = if self.block.0 == 1 && plain { 3 } else { 2 };
+                s.define("TK_LX", self.lx()).define("TK_MINB", minb)
+            }
         }
     }
 
