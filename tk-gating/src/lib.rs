@@ -54,6 +54,8 @@
 #![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
 
 mod checks;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod ranking;
 #[cfg(feature = "cpu")]
 pub mod reference;
@@ -70,3 +72,14 @@ pub use top2_sum_gate::{
 };
 pub use topk_gate::{TopkGateParams, TopkGateShape};
 pub use topk_sum_and_topk_group_idx::{TopkGroupShape, TopkSumAndTopkGroupIdxParams};
+
+#[cfg(feature = "cuda")]
+pub use gpu::{prewarm, registered_kernels, DEEPSEEK_V3, DEEPSEEK_V4};
+#[cfg(feature = "cuda")]
+pub use top2_sum_gate::{top2_sum_gate, top2_sum_gate_into, Top2SumGateDeviceInputs};
+#[cfg(feature = "cuda")]
+pub use topk_gate::{topk_gate, topk_gate_into};
+#[cfg(feature = "cuda")]
+pub use topk_sum_and_topk_group_idx::{
+    topk_sum_and_topk_group_idx, topk_sum_and_topk_group_idx_into,
+};
