@@ -620,7 +620,7 @@ fn gpu_top2_sum_gate_off_grid_and_lifted_limits() {
         (9, 384, 32, (0, 0), 2, SqrtSoftplus),
         (9, 384, 7, (64, 5), 0, Softmax),
         (9, 384, 8, (4, 2), 0, Sigmoid),
-        (9, 1024, 96, (64, 20), 2, Sigmoid),
+        (9, 1024, 64, (64, 20), 2, Sigmoid),
     ];
     let mut worst = 0;
     for (t, e, k, groups, shared, scoring) in cases {
