@@ -13,7 +13,7 @@
 // loads when aligned); scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
 // fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1);
 // ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the keys go through
-// shared memory so that lane l scores groups l, l + 32, ... by their top-2 sums, GK warp rounds
+// shared memory, where the lanes score the groups by their top-2 sums (gating.cuh), GK warp rounds
 // pick the kept groups, and experts of the other groups stop being candidates. K warp rounds pick
 // the experts (gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
 // weight denominator 1e-20 + s0 + s1 + ... in slot order. Lane r % 32 then writes slot r: weight
@@ -49,11 +49,12 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
                      const float* __restrict__ logits, u64 ld, const float* __restrict__ bias, u64 bs,
                      const u8* __restrict__ mask, u64 ms, const u8* __restrict__ fix, u64 fs,
                      const i32* __restrict__ map, u64 mp0, u64 mp1, const i32* __restrict__ count, u64 cs,
-                     u32 T, u32 S, u32 D, u32 vec, float rsf, u64 ep_rank, i64 R, i64 tp_rank, i64 tp) {
+                     u32 T, u32 S, u32 D, u32 vec, float rsf, u64 ep_rank, u32 R, u32 tp_rank, u32 tp) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #if TK_G > 0
     constexpr u32 G = TK_G, PG = TK_E / TK_G;
     constexpr int NG = (TK_G + 31) / 32;
+    constexpr u32 L = lanes_per_group(G, PG);
     __shared__ float skey[TK_WARPS][E];  // per warp: the token's ranking keys (E,)
     __shared__ u32 sgroup[TK_WARPS][G];  // per warp: group order keys (G,)
 #endif
@@ -128,19 +129,16 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
 #if TK_G > 0
             // Group-limited routing: keep the GK best groups by top-2 sums.
             __syncwarp();
-            u32 gkey[NG];  // slot i: group i*32 + lane
-            float unused[NG];
+            u32 gkey[NG];  // group q at element index q * L
+            float unused[NG] = {};
+            group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
 #pragma unroll
-            for (int i = 0; i < NG; ++i) {
-                const u32 q = slot_index<1>(i, lane);
-                gkey[i] = q < G ? group_key<2>(&skey[warp][q * PG], PG, lane % PG) : NONE;
-                unused[i] = 0.0f;
-                if (q < G) sgroup[warp][q] = gkey[i];
-            }
+            for (int i = 0; i < NG; ++i)
+                if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
             __syncwarp();
-            u32 gpk = FIRST_KEY, gpj = FIRST_IDX;
+            u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
             for (u32 r = 0; r < TK_GK; ++r) {
-                const Pick p = warp_next<1, NG>(gkey, unused, lane, gpk, gpj);
+                const Pick p = warp_take<1, NG, false>(gkey, unused, lane);
                 gpk = p.key;
                 gpj = p.idx;
             }
@@ -149,19 +147,16 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
                 const u32 j = slot_index<4>(i, lane);
                 if (j < E) {
                     const u32 q = j / PG;
-                    if (ranks_after(sgroup[warp][q], q, gpk, gpj)) key[i] = NONE;  // group not kept
+                    if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
                 }
             }
             __syncwarp();  // shared memory reads done before the next token's writes
 #endif
             // K rounds of expert selection, best first.
-            u32 pk = FIRST_KEY, pj = FIRST_IDX;
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
-                    const Pick p = warp_next<4, N>(key, s, lane, pk, pj);
-                    pk = p.key;
-                    pj = p.idx;
+                    const Pick p = warp_take<4, N, true>(key, s, lane);
                     den = __fadd_rn(den, p.val);
                     if (lane == rr) {
                         sel[c] = p.idx;

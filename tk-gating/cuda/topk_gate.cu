@@ -10,8 +10,9 @@
 //
 // One warp per token. Register path: the row sits in registers as order keys (lane l owns
 // elements i*128 + 4l + v), loaded with 16-byte loads when the row is 16-byte aligned; then k
-// rounds of "best (key, index) ranked after the previous pick" (two redux.sync per round). Lane
-// r % 32 keeps pick r; the picks are stored 32 at a time as int64.
+// rounds that take the best (key, index) out (two redux.sync per round, gating.cuh). Streamed
+// path: each round re-reads the row and picks the best element ranked after the previous pick.
+// Lane r % 32 keeps pick r; the picks are stored 32 at a time as int64.
 #include "gating.cuh"
 
 #ifndef TK_E
@@ -48,20 +49,23 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
 #pragma unroll
         for (int s = 0; s < N; ++s) key[s] = slot_index<4>(s, lane) < E ? order_key(x[s]) : NONE;
 #endif
-        u32 pk = FIRST_KEY, pj = FIRST_IDX, mine = 0;
+        u32 mine = 0;
+#if TK_NV == 0
+        u32 pk = FIRST_KEY, pj = FIRST_IDX;  // the last pick
+#endif
         for (u32 r = 0; r < K; ++r) {
 #if TK_NV > 0
-            const Pick p = warp_next<4, N>(key, x, lane, pk, pj);
+            const Pick p = warp_take<4, N, false>(key, x, lane);
 #else
             Best b;
             for (u32 j0 = 4 * lane; j0 < E; j0 += 128)
 #pragma unroll
                 for (u32 v = 0; v < 4; ++v)
-                    if (j0 + v < E) b.offer(order_key(__ldg(row + j0 + v)), j0 + v, 0.0f, pk, pj);
-            const Pick p = warp_pick<4>(b);
-#endif
+                    if (j0 + v < E) b.offer(order_key(__ldg(row + j0 + v)), j0 + v, pk, pj);
+            const Pick p = b.warp_pick();
             pk = p.key;
             pj = p.idx;
+#endif
             if (lane == r % 32) mine = p.idx;
             if (r % 32 == 31 || r + 1 == K) {  // store picks r - r%32 .. r
                 const u32 base = r - r % 32;

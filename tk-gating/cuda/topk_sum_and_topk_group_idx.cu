@@ -10,9 +10,9 @@
 //                 loads; 0 (long rows): each lane scans its groups in global memory
 //   TK_WARPS      warps per block
 //
-// One warp per token; lane l scores groups l, l + 32, ... (the scan starts at a lane-dependent
-// offset so the lanes hit different shared-memory banks), then GK warp selection rounds over the
-// group keys (gating.cuh); lane r % 32 keeps pick r, stored as int64.
+// One warp per token; the lanes score the groups (G <= 32: 32/G lanes per group, each scanning
+// part of it, merged with shuffles; G > 32: lane l scores groups l, l + 32, ...; gating.cuh),
+// then GK warp selection rounds over the group keys; lane r % 32 keeps pick r, stored as int64.
 #include "gating.cuh"
 
 #if !defined(TK_G) || !defined(TK_P) || !defined(TK_NSUM) || !defined(TK_GK) || !defined(TK_STAGE) || !defined(TK_WARPS)
@@ -48,21 +48,14 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         const float* base = x;
         const u64 gs = s1;
 #endif
-        u32 key[NG];  // group keys: slot i holds group i*32 + lane (NONE past G)
-        float unused[NG];
-#pragma unroll
-        for (int i = 0; i < NG; ++i) {
-            const u32 q = slot_index<1>(i, lane);
-            key[i] = q < G ? group_key<TK_NSUM>(base + q * gs, P, lane % P) : NONE;
-            unused[i] = 0.0f;
-        }
+        u32 key[NG];  // group keys; group q at element index q * lanes_per_group
+        float unused[NG] = {};
+        group_keys<TK_NSUM, G, P, NG>(key, base, gs, lane);
         i64* o = out + t * GK;  // (GK,)
-        u32 pk = FIRST_KEY, pj = FIRST_IDX, mine = 0;
+        u32 mine = 0;
         for (u32 r = 0; r < GK; ++r) {
-            const Pick p = warp_next<1, NG>(key, unused, lane, pk, pj);
-            pk = p.key;
-            pj = p.idx;
-            if (lane == r % 32) mine = p.idx;
+            const Pick p = warp_take<1, NG, false>(key, unused, lane);
+            if (lane == r % 32) mine = p.idx / lanes_per_group(G, P);
             if (r % 32 == 31 || r + 1 == GK) {
                 const u32 b = r - r % 32;
                 if (b + lane <= r) o[b + lane] = (i64)mine;

@@ -84,7 +84,9 @@
 //!   required (as upstream): the formulas apply as written.
 //! * `T == 0` gives empty `(0, P)` outputs (and an empty `(0, K)` `unmapped_topk_idx`).
 //! * **GPU op only** ([`MAX_GPU_EXPERTS`]): `E <= 1024` (the row sits in registers; a larger
-//!   `E` is a [`TkError::Param`] naming `logits`), `T < 2^32`, `D < 2^32`.
+//!   `E` is a [`TkError::Param`] naming `logits`), `T < 2^32`, `E + X < 2^31` (naming
+//!   `to_physical_map`) and `num_tp_ranks < 2^31` (naming `tp_rank`): the kernel's EP/TP
+//!   masking runs in 32-bit arithmetic.
 //!
 //! # GPU kernel (feature `cuda`)
 //!
@@ -761,13 +763,24 @@ mod gpu {
             ));
         }
         check_tokens("logits", shape.num_tokens)?;
-        if shape
-            .num_replicas
-            .is_some_and(|d| u32::try_from(d).is_err())
-        {
+        // The kernel's EP/TP masking runs in 32-bit: physical ids (< E + X, which bounds D) and
+        // the TP rank count below 2^31.
+        if shape.num_physical_experts() > i32::MAX as usize {
             return Err(TkError::param(
                 "to_physical_map",
-                "the GPU op takes fewer than 2^32 replica columns",
+                format!(
+                    "the GPU op takes fewer than 2^31 physical experts, got E + X = {}",
+                    shape.num_physical_experts()
+                ),
+            ));
+        }
+        if params.num_tp_ranks > i32::MAX as usize {
+            return Err(TkError::param(
+                "tp_rank",
+                format!(
+                    "the GPU op takes fewer than 2^31 TP ranks, got {}",
+                    params.num_tp_ranks
+                ),
             ));
         }
         let dev = inputs.logits.device();
@@ -872,10 +885,11 @@ mod gpu {
         let d = shape.num_replicas.unwrap_or(1) as u32;
         let rsf = params.routed_scaling_factor;
         let ep_rank = params.ep_rank as u64;
+        // validate() proved these fit in 31 bits.
         let (r, tp_rank, tp) = (
-            shape.experts_per_rank as i64,
-            params.tp_rank as i64,
-            params.num_tp_ranks as i64,
+            shape.experts_per_rank as u32,
+            params.tp_rank as u32,
+            params.num_tp_ranks as u32,
         );
         let (g, gk) = shape
             .grouping
