@@ -59,6 +59,12 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
     __shared__ u32 sgroup[TK_WARPS][G];  // per warp: group order keys (G,)
 #endif
     const u32 P = K + S;
+    float b[N];  // (N,) this lane's bias values, the same for every token
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const u32 j = slot_index<4>(i, lane);
+        b[i] = j < E ? __ldg(bias + j * bs) : 0.0f;
+    }
     const u64 warps = (u64)gridDim.x * TK_WARPS;
     for (u64 t = (u64)blockIdx.x * TK_WARPS + warp; t < T; t += warps) {
         i64* io = idx + t * P;                                 // (P,)
@@ -119,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
                 const u32 j = slot_index<4>(i, lane);
                 key[i] = NONE;
                 if (j < E) {
-                    const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], __ldg(bias + j * bs));
+                    const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], b[i]);
                     key[i] = order_key(kf);
 #if TK_G > 0
                     skey[warp][j] = kf;
