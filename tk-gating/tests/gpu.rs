@@ -17,7 +17,7 @@
 
 use tk_core::testing::{assert_bits_eq, generate_num_tokens, gpu_or_skip, poison, Rng};
 use tk_core::{Device, DeviceTensor, Element, HostTensor, HostView, Layout, TkError};
-use tk_gating::reference::{self, Top2SumGateInputs};
+use tk_gating::reference::{self, Top2SumGateInputs, Top2SumGateOutput};
 use tk_gating::scoring::ScoringFunc::{self, Sigmoid, Softmax, SqrtSoftplus};
 use tk_gating::testing::{allclose, gated_inputs, ulp_distance};
 use tk_gating::{
@@ -316,24 +316,76 @@ struct GateCase {
     unmapped: Option<Strided<i64>>,
 }
 
+/// The CPU reference on rows `rows` of `c`.
+fn reference_rows(c: &GateCase, rows: std::ops::Range<usize>) -> Top2SumGateOutput {
+    let (a, n) = (rows.start, rows.len());
+    let mut cpu_in =
+        Top2SumGateInputs::new(c.logits.view().narrow(0, a, n).unwrap(), c.bias.view());
+    if let Some(m) = &c.mask {
+        cpu_in = cpu_in.with_mask(m.view().narrow(0, a, n).unwrap());
+    }
+    if let Some(u) = &c.unmapped {
+        cpu_in = cpu_in.with_unmapped_topk_idx(u.view().narrow(0, a, n).unwrap());
+    }
+    if let Some(f) = &c.fix {
+        cpu_in.fix_routing_mask = Some(f.view().narrow(0, a, n).unwrap());
+    }
+    if let Some((m, cnt)) = &c.map {
+        cpu_in = cpu_in.with_physical_map(m.view(), cnt.view());
+    }
+    reference::top2_sum_gate(&cpu_in, &c.params).unwrap_or_else(|e| panic!("reference: {e}"))
+}
+
+/// The CPU reference of `c`, its rows split over the host's cores when no result depends on
+/// the row index (no physical map, or one replica per expert: the replica choice is the only
+/// place the row index enters).
+fn reference_gate(c: &GateCase) -> Top2SumGateOutput {
+    let t = c.logits.layout.shape()[0];
+    let row_free = c
+        .map
+        .as_ref()
+        .is_none_or(|(_, cnt)| cnt.as_slice().iter().all(|&n| n == 1));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !row_free || t < 1024 || threads == 1 {
+        return reference_rows(c, 0..t);
+    }
+    let chunk = t.div_ceil(threads);
+    let parts: Vec<Top2SumGateOutput> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..t)
+            .step_by(chunk)
+            .map(|a| s.spawn(move || reference_rows(c, a..(a + chunk).min(t))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let cat = |f: &dyn Fn(&Top2SumGateOutput) -> Vec<i64>| -> Vec<i64> {
+        parts.iter().flat_map(f).collect()
+    };
+    let p = parts[0].topk_idx.shape()[1];
+    let k = c.params.num_topk;
+    Top2SumGateOutput {
+        topk_idx: HostTensor::from_vec(cat(&|o| o.topk_idx.as_slice().to_vec()), &[t, p]).unwrap(),
+        topk_weights: HostTensor::from_vec(
+            parts
+                .iter()
+                .flat_map(|o| o.topk_weights.as_slice().to_vec())
+                .collect(),
+            &[t, p],
+        )
+        .unwrap(),
+        unmapped_topk_idx: c.unmapped.as_ref().map(|_| {
+            HostTensor::from_vec(
+                cat(&|o| o.unmapped_topk_idx.as_ref().unwrap().as_slice().to_vec()),
+                &[t, k],
+            )
+            .unwrap()
+        }),
+    }
+}
+
 /// Runs the GPU op (poisoned outputs) and the CPU reference on `c` and compares them; returns
 /// the largest weight distance in ulp.
 fn check_gate(dev: &Device, case: &str, c: &GateCase) -> u64 {
-    let mut cpu_in = Top2SumGateInputs::new(c.logits.view(), c.bias.view());
-    if let Some(m) = &c.mask {
-        cpu_in = cpu_in.with_mask(m.view());
-    }
-    if let Some(u) = &c.unmapped {
-        cpu_in = cpu_in.with_unmapped_topk_idx(u.view());
-    }
-    if let Some(f) = &c.fix {
-        cpu_in.fix_routing_mask = Some(f.view());
-    }
-    if let Some((m, n)) = &c.map {
-        cpu_in = cpu_in.with_physical_map(m.view(), n.view());
-    }
-    let expected = reference::top2_sum_gate(&cpu_in, &c.params)
-        .unwrap_or_else(|e| panic!("{case}: reference: {e}"));
+    let expected = reference_gate(c);
 
     let logits = c.logits.upload(dev);
     let bias = dev.upload(&c.bias).unwrap();
