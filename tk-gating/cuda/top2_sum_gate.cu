@@ -24,6 +24,10 @@
 #error "TK_E, TK_K, TK_G, TK_GK, TK_SCORING and TK_WARPS must be defined"
 #endif
 
+#if TK_SCORING < 0 || TK_SCORING > 2
+#error "TK_SCORING must be 0 (sigmoid), 1 (sqrt-softplus) or 2 (softmax)"
+#endif
+
 using namespace tkg;
 
 constexpr u32 E = TK_E, K = TK_K;
@@ -83,8 +87,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         float x[N];                          // (N,) this lane's logits
         load_row<N>(x, row, E, lane, vec != 0, SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f);
 
-        // Scores s (N,).
-        float s[N];
+        float s[N];  // (N,) scores
         float m = 0.0f, z = 0.0f;
         if (SOFTMAX) {
             m = x[0];
@@ -118,8 +121,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
             ss[c] = 0.0f;
         }
         if (!fixed) {
-            // Ranking keys.
-            u32 key[N];
+            u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
 #pragma unroll
             for (int i = 0; i < N; ++i) {
                 const u32 j = slot_index<4>(i, lane);

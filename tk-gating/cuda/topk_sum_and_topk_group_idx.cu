@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         const float* base = stage[warp];  // (G, P), strides (P, 1)
         const u64 gs = P;
 #else
-        const float* base = x;
+        const float* base = x;  // (G, P), strides (s1, 1)
         const u64 gs = s1;
 #endif
         u32 key[NG];  // group keys; group q at element index q * lanes_per_group
