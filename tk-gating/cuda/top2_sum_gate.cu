@@ -48,7 +48,7 @@ __device__ __forceinline__ float score(float x) {
 // Outputs: idx, w (T, K + S) contiguous. unmapped (T, K) row stride ldu or null. logits (T, E)
 // row stride ld; bias (E,) stride bs; mask, fix (T,) strides ms, fs or null; map (E + S, D)
 // strides (mp0, mp1) and count (E + S,) stride cs, or null. vec: 16-byte row loads allowed.
-extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     tk_top2_sum_gate(i64* __restrict__ idx, float* __restrict__ w, i64* __restrict__ unmapped, u64 ldu,
                      const float* __restrict__ logits, u64 ld, const float* __restrict__ bias, u64 bs,
                      const u8* __restrict__ mask, u64 ms, const u8* __restrict__ fix, u64 fs,
