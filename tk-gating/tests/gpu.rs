@@ -441,6 +441,21 @@ fn check_gate(dev: &Device, case: &str, c: &GateCase) -> u64 {
         );
     }
     let got_w = w.to_host().unwrap();
+    if expected.topk_idx.as_slice().len() < 1 << 16 {
+        // The allocating form, run again on the written-back unmapped_topk_idx (fix-routing
+        // rows hold the same ids; the others are outputs only): the same bits.
+        let (idx2, w2) = tk_gating::top2_sum_gate(&inputs, u_view.as_mut(), &c.params).unwrap();
+        assert_bits_eq(
+            &format!("{case}: topk_idx (allocating)"),
+            idx2.to_host().unwrap().as_slice(),
+            expected.topk_idx.as_slice(),
+        );
+        assert_bits_eq(
+            &format!("{case}: topk_weights (allocating)"),
+            w2.to_host().unwrap().as_slice(),
+            got_w.as_slice(),
+        );
+    }
     let mut worst = 0;
     for (i, (&a, &b)) in got_w
         .as_slice()
