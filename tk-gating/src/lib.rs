@@ -5,19 +5,21 @@
 //! group-limited routing, routed scaling, shared experts as routed slots, the logical →
 //! physical expert map, EP/TP masking, token masks and fix routing).
 //!
-//! **Status:** the CPU side exists — the scoring functions, the ops' parameters and their
-//! validation (shared with the future GPU launch code), and the CPU references
-//! ([`reference`](mod@reference), feature `cpu`, default), which are the correctness argument
-//! and the CPU backend. **The GPU kernels are pending**; they will be tested against these
-//! references (indices bit for bit, weights within the spec's tolerance, see [`scoring`]).
+//! **Backends.** The GPU ops (feature `cuda`, default): [`topk_gate()`], [`topk_sum_and_topk_group_idx()`]
+//! and [`top2_sum_gate()`] with `*_into` forms writing caller-provided outputs; kernels compiled
+//! at run time for the exact shape (NVRTC), listed by [`registered_kernels`], compiled ahead by
+//! [`prewarm`]; they never synchronise with the host. The CPU references
+//! ([`reference`](mod@reference), feature `cpu`, default) are the correctness argument and the
+//! CPU backend: the GPU tests compare with them — indices bit for bit, weights within the spec's
+//! tolerance (they agree bit for bit in practice, see [`top2_sum_gate`](mod@top2_sum_gate)).
 //!
 //! | module | contents |
 //! |---|---|
 //! | [`scoring`] | [`ScoringFunc`] and the exact fp32 formulas (sigmoid, softplus, sqrt-softplus, softmax with the kernel's summation order) |
 //! | [`ranking`] | the one selection order: higher key first, then lower index; NaN first; distinct indices |
-//! | [`topk_gate`](mod@topk_gate) | [`TopkGateParams`]: top-`k` of a score matrix |
-//! | [`topk_sum_and_topk_group_idx`](mod@topk_sum_and_topk_group_idx) | [`TopkSumAndTopkGroupIdxParams`]: best groups by top-1/top-2 sums |
-//! | [`top2_sum_gate`](mod@top2_sum_gate) | [`Top2SumGateParams`], [`Top2SumGateLayouts`], [`Top2SumGateShape`], [`replica_column`], [`mask_ep_tp`] |
+//! | [`topk_gate`](mod@topk_gate) | [`TopkGateParams`]: top-`k` of a score matrix; the GPU op |
+//! | [`topk_sum_and_topk_group_idx`](mod@topk_sum_and_topk_group_idx) | [`TopkSumAndTopkGroupIdxParams`]: best groups by top-1/top-2 sums; the GPU op |
+//! | [`top2_sum_gate`](mod@top2_sum_gate) | [`Top2SumGateParams`], [`Top2SumGateLayouts`], [`Top2SumGateShape`], [`replica_column`], [`mask_ep_tp`]; the GPU op and [`Top2SumGateDeviceInputs`] |
 //! | [`reference`](mod@reference) | CPU [`stable_topk`](reference::stable_topk), [`topk_gate`](reference::topk_gate), [`topk_sum_and_topk_group_idx`](reference::topk_sum_and_topk_group_idx), [`top2_sum_gate`](reference::top2_sum_gate) |
 //! | [`testing`](mod@testing) | tolerances, ulp distance, the gap-respecting input generator of the spec's test |
 //!
@@ -50,10 +52,15 @@
 //! # }
 //! ```
 
-// Without the CPU backend the links to it in these docs have no target.
-#![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
+// Without the CPU backend or the GPU ops the links to them in these docs have no target.
+#![cfg_attr(
+    not(all(feature = "cpu", feature = "cuda")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 mod checks;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod ranking;
 #[cfg(feature = "cpu")]
 pub mod reference;
@@ -70,3 +77,14 @@ pub use top2_sum_gate::{
 };
 pub use topk_gate::{TopkGateParams, TopkGateShape};
 pub use topk_sum_and_topk_group_idx::{TopkGroupShape, TopkSumAndTopkGroupIdxParams};
+
+#[cfg(feature = "cuda")]
+pub use gpu::{prewarm, registered_kernels, DEEPSEEK_V3, DEEPSEEK_V4};
+#[cfg(feature = "cuda")]
+pub use top2_sum_gate::{top2_sum_gate, top2_sum_gate_into, Top2SumGateDeviceInputs};
+#[cfg(feature = "cuda")]
+pub use topk_gate::{topk_gate, topk_gate_into};
+#[cfg(feature = "cuda")]
+pub use topk_sum_and_topk_group_idx::{
+    topk_sum_and_topk_group_idx, topk_sum_and_topk_group_idx_into,
+};

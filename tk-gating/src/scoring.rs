@@ -16,14 +16,17 @@
 //! values, computed in f64 by the platform's libm and rounded once to fp32. The f64 result is
 //! within one f64 ulp of the exact value, so the rounding can only go wrong for an input whose
 //! exact result lies within 2⁻²⁹ fp32 ulp of a rounding midpoint — a handful of inputs at most
-//! (none is known). CUDA's `expf` (non-fast-math) is accurate to 2 ulp and its `log1pf` to 1 ulp,
-//! so **GPU scores may differ from these references in the last bits**: a GPU test compares
+//! (none is known). CUDA's `expf` (non-fast-math) is accurate to 2 ulp and its `log1pf` to 1
+//! ulp, so the GPU kernels do not use them: they evaluate `exp` and `log1p` in double precision
+//! and round once to fp32 — the same construction — so GPU scores equal these references bit
+//! for bit except where the two double results (each within about one double ulp) straddle an
+//! fp32 rounding boundary (probability about 2⁻²⁸ per value). The GPU tests therefore compare
 //! indices exactly (on inputs generated with ranking gaps, see `testing` with feature `cpu`)
-//! and weights within the spec's tolerance (`torch.allclose`, `rtol = 1e-5`, `atol = 1e-8`).
-//! Against the exact real functions, the references are within 3 ulp for sigmoid (three
-//! roundings) and 2 ulp for softplus and sqrt-softplus; softmax probabilities carry in addition
-//! the rounding of `x_j - m` (which the GPU shares) and of the `E`-term sum (the tests check
-//! these bounds). Between CPU and GPU only `expf`/`log1pf` differ, so scores agree to a few ulp.
+//! and weights within the spec's tolerance (`torch.allclose`, `rtol = 1e-5`, `atol = 1e-8`),
+//! and report the largest ulp distance. Against the exact real functions, the references are
+//! within 3 ulp for sigmoid (three roundings) and 2 ulp for softplus and sqrt-softplus; softmax
+//! probabilities carry in addition the rounding of `x_j - m` and of the `E`-term sum (the tests
+//! check these bounds).
 //!
 //! **Softmax denominator order.** `Z` is summed as the upstream kernel does (§4.5 "Numerics"),
 //! generalised to any row length: see [`warp_sum`].

@@ -83,6 +83,35 @@
 //!   `tp_rank < num_tp_ranks`. `(E + X) % num_ep_ranks` and `num_ep_ranks % num_tp_ranks` are not
 //!   required (as upstream): the formulas apply as written.
 //! * `T == 0` gives empty `(0, P)` outputs (and an empty `(0, K)` `unmapped_topk_idx`).
+//! * **GPU op only** ([`MAX_GPU_EXPERTS`]): `E <= 1024` (the row sits in registers; a larger
+//!   `E` is a [`TkError::Param`] naming `logits`), `T < 2^32`, `E + X < 2^31` (naming
+//!   `to_physical_map`) and `num_tp_ranks < 2^31` (naming `tp_rank`): the kernel's EP/TP
+//!   masking runs in 32-bit arithmetic.
+//!
+//! # GPU kernel (feature `cuda`)
+//!
+//! `cuda/top2_sum_gate.cu`, specialised on `(E, K, G, Gk, scoring_func)`; the mask, fix
+//! routing, physical map, `S` and the ranks are run-time arguments. One warp per token: the row
+//! in registers, scores, keys, group top-2 sums through shared memory (lane `l` scores groups
+//! `l, l + 32, ...`), `Gk` then `K` warp selection rounds (distinct picks, no overwriting), the
+//! weight denominator accumulated in slot order from the broadcast picks, one lane per output
+//! slot. No host sync.
+//!
+//! **Numerics.** Every fp32 step is the reference's own IEEE operation (`_rn` intrinsics, so no
+//! FMA contraction; softmax's `Z` in [`warp_sum`](crate::scoring::warp_sum)'s order). CUDA's
+//! `expf` (2 ulp) and `log1pf` (1 ulp) are *not* used: the kernel evaluates `exp` and `log1p` in
+//! double precision and rounds once to fp32, the construction of `tk_core::math` that the CPU
+//! reference uses. Both double results lie within about one double ulp of the exact value, so
+//! the fp32 scores agree bit for bit unless the exact value lies within ~2⁻²⁸ fp32 ulp of a
+//! rounding midpoint — then a score, and hence a weight, can differ in the last bit, well inside
+//! the spec's tolerance (`rtol = 1e-5`, see `testing` with feature `cpu`); indices can only
+//! differ where two ranking keys are that close, which the spec's test inputs exclude.
+//!
+//! **Data rules on the GPU.** Checking them would need a host sync, so the GPU op checks shapes
+//! and parameters only; the kernel stays memory-safe on bad data: a fix-routing id outside
+//! `0..E` gives score 0, `topk_idx = -1` (and is written back to `unmapped_topk_idx` as given);
+//! a `logical_count` outside `1..=D` or a map entry outside `0..E + X` gives `topk_idx = -1`;
+//! non-finite logits or bias give unspecified (but in-range) indices and weights.
 
 use tk_core::{Layout, Result, TkError};
 
@@ -600,5 +629,315 @@ mod tests {
         assert!(((t - 1) as i64 * 23_333) <= i32::MAX as i64);
         assert_eq!(replica_column(0, t, 7), Some((t as u64 * 23_333) % 7));
         assert_eq!(replica_column(0, 1, 0), None);
+    }
+}
+
+/// The most routed experts the GPU op takes (the row sits in registers, 32 experts per lane).
+pub const MAX_GPU_EXPERTS: usize = 1024;
+
+#[cfg(feature = "cuda")]
+pub use gpu::{kernel_spec, top2_sum_gate, top2_sum_gate_into, Top2SumGateDeviceInputs};
+
+/// The GPU op (feature `cuda`).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError,
+    };
+
+    use super::{Top2SumGateLayouts, Top2SumGateParams, Top2SumGateShape, MAX_GPU_EXPERTS};
+    use crate::gpu::{check_device, check_out, check_tokens, token_grid, HEADERS, WARPS};
+    use crate::scoring::ScoringFunc;
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "top2_sum_gate.cu",
+        entry: "tk_top2_sum_gate",
+        code: include_str!("../cuda/top2_sum_gate.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// The kernel specialisation for `E` experts, `K` routed slots, `G` groups of which `Gk`
+    /// are kept (grouping is active when they differ; `G == Gk` specialises as no groups) and
+    /// a scoring function (not identity).
+    pub fn kernel_spec(
+        num_experts: usize,
+        num_topk: usize,
+        num_groups: usize,
+        num_topk_groups: usize,
+        scoring_func: ScoringFunc,
+    ) -> KernelSpec {
+        let (g, gk) = if num_groups != num_topk_groups {
+            (num_groups, num_topk_groups)
+        } else {
+            (0, 0)
+        };
+        KernelSpec::new(&SOURCE)
+            .define("TK_E", num_experts)
+            .define("TK_K", num_topk)
+            .define("TK_G", g)
+            .define("TK_GK", gk)
+            .define("TK_SCORING", scoring_func.value())
+            .define("TK_WARPS", WARPS)
+    }
+
+    /// The device tensors `top2_sum_gate` reads (shapes and rules in the module docs); the
+    /// in/out `unmapped_topk_idx` is passed to the op separately. Booleans are bytes: `0` =
+    /// false, anything else = true. All on one device.
+    #[derive(Debug)]
+    pub struct Top2SumGateDeviceInputs<'a> {
+        /// `logits (T, E)` fp32, unit column stride.
+        pub logits: DeviceView<'a, f32>,
+        /// `bias (E,)` fp32.
+        pub bias: DeviceView<'a, f32>,
+        /// `mask (T,)` u8: `0` = padding token.
+        pub mask: Option<DeviceView<'a, u8>>,
+        /// `fix_routing_mask (T,)` u8: non-zero = use `unmapped_topk_idx[t, :]`.
+        pub fix_routing_mask: Option<DeviceView<'a, u8>>,
+        /// `(to_physical_map (E + S, D) i32, logical_count (E + S,) i32)`.
+        pub physical_map: Option<(DeviceView<'a, i32>, DeviceView<'a, i32>)>,
+    }
+
+    impl<'a> Top2SumGateDeviceInputs<'a> {
+        /// Just `logits` and `bias`.
+        pub fn new(logits: DeviceView<'a, f32>, bias: DeviceView<'a, f32>) -> Self {
+            Self {
+                logits,
+                bias,
+                mask: None,
+                fix_routing_mask: None,
+                physical_map: None,
+            }
+        }
+
+        /// Adds the token mask `(T,)` u8.
+        pub fn with_mask(mut self, mask: DeviceView<'a, u8>) -> Self {
+            self.mask = Some(mask);
+            self
+        }
+
+        /// Adds the fix-routing mask `(T,)` u8 (needs `unmapped_topk_idx` at the call).
+        pub fn with_fix_routing_mask(mut self, fix_routing_mask: DeviceView<'a, u8>) -> Self {
+            self.fix_routing_mask = Some(fix_routing_mask);
+            self
+        }
+
+        /// Adds the logical → physical map `(E + S, D)` i32 and `logical_count (E + S,)` i32.
+        pub fn with_physical_map(
+            mut self,
+            to_physical_map: DeviceView<'a, i32>,
+            logical_count: DeviceView<'a, i32>,
+        ) -> Self {
+            self.physical_map = Some((to_physical_map, logical_count));
+            self
+        }
+    }
+
+    /// Validates the inputs (layouts, parameters, the GPU limits, placement).
+    fn validate(
+        inputs: &Top2SumGateDeviceInputs<'_>,
+        unmapped: Option<&DeviceViewMut<'_, i64>>,
+        params: &Top2SumGateParams,
+    ) -> Result<Top2SumGateShape> {
+        let layouts = Top2SumGateLayouts {
+            logits: inputs.logits.layout(),
+            bias: inputs.bias.layout(),
+            mask: inputs.mask.as_ref().map(|m| m.layout()),
+            fix_routing_mask: inputs.fix_routing_mask.as_ref().map(|m| m.layout()),
+            physical_map: inputs
+                .physical_map
+                .as_ref()
+                .map(|(m, c)| (m.layout(), c.layout())),
+            unmapped_topk_idx: unmapped.map(|u| u.layout()),
+        };
+        let shape = params.validate(&layouts)?;
+        if shape.num_experts > MAX_GPU_EXPERTS {
+            return Err(TkError::param(
+                "logits",
+                format!(
+                    "the GPU op takes at most {MAX_GPU_EXPERTS} experts, got E = {}",
+                    shape.num_experts
+                ),
+            ));
+        }
+        check_tokens("logits", shape.num_tokens)?;
+        // The kernel's EP/TP masking runs in 32-bit: physical ids (< E + X, which bounds D) and
+        // the TP rank count below 2^31.
+        if shape.num_physical_experts() > i32::MAX as usize {
+            return Err(TkError::param(
+                "to_physical_map",
+                format!(
+                    "the GPU op takes fewer than 2^31 physical experts, got E + X = {}",
+                    shape.num_physical_experts()
+                ),
+            ));
+        }
+        if params.num_tp_ranks > i32::MAX as usize {
+            return Err(TkError::param(
+                "tp_rank",
+                format!(
+                    "the GPU op takes fewer than 2^31 TP ranks, got {}",
+                    params.num_tp_ranks
+                ),
+            ));
+        }
+        let dev = inputs.logits.device();
+        check_device("bias", dev, inputs.bias.device())?;
+        if let Some(m) = &inputs.mask {
+            check_device("mask", dev, m.device())?;
+        }
+        if let Some(m) = &inputs.fix_routing_mask {
+            check_device("fix_routing_mask", dev, m.device())?;
+        }
+        if let Some((m, c)) = &inputs.physical_map {
+            check_device("to_physical_map", dev, m.device())?;
+            check_device("logical_count", dev, c.device())?;
+        }
+        if let Some(u) = unmapped {
+            check_device("unmapped_topk_idx", dev, u.device())?;
+        }
+        Ok(shape)
+    }
+
+    /// GPU `top2_sum_gate` → `(topk_idx (T, K + S) i64, topk_weights (T, K + S) fp32)`, both
+    /// contiguous. `unmapped_topk_idx (T, K)` i64 (unit column stride) is upstream's in/out
+    /// tensor: read for fix-routing tokens, overwritten with the logical routed ids (`-1` for
+    /// masked tokens). See the module docs for the semantics, tie rule, NaN / inf behaviour,
+    /// numerics and limits. Enqueued on `logits`' device stream; no host sync.
+    ///
+    /// Errors: those of [`Top2SumGateParams::validate`]; [`TkError::Param`] naming `logits` for
+    /// `E > 1024` or `T >= 2^32`; [`TkError::Placement`] naming a tensor on another device.
+    pub fn top2_sum_gate(
+        inputs: &Top2SumGateDeviceInputs<'_>,
+        unmapped_topk_idx: Option<&mut DeviceViewMut<'_, i64>>,
+        params: &Top2SumGateParams,
+    ) -> Result<(DeviceTensor<i64>, DeviceTensor<f32>)> {
+        let shape = validate(inputs, unmapped_topk_idx.as_deref(), params)?;
+        let dev = inputs.logits.device();
+        let mut idx = dev.alloc::<i64>(&shape.out_shape())?;
+        let mut w = dev.alloc::<f32>(&shape.out_shape())?;
+        top2_sum_gate_into(
+            inputs,
+            unmapped_topk_idx,
+            params,
+            &mut idx.view_mut(),
+            &mut w.view_mut(),
+        )?;
+        Ok((idx, w))
+    }
+
+    /// [`top2_sum_gate`] into caller-provided contiguous `topk_idx (T, K + S)` i64 and
+    /// `topk_weights (T, K + S)` fp32 on the same device. Errors: as [`top2_sum_gate`], plus
+    /// [`TkError::Shape`] / [`TkError::Stride`] / [`TkError::Placement`] naming `topk_idx` or
+    /// `topk_weights`.
+    pub fn top2_sum_gate_into(
+        inputs: &Top2SumGateDeviceInputs<'_>,
+        mut unmapped_topk_idx: Option<&mut DeviceViewMut<'_, i64>>,
+        params: &Top2SumGateParams,
+        topk_idx: &mut DeviceViewMut<'_, i64>,
+        topk_weights: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let shape = validate(inputs, unmapped_topk_idx.as_deref(), params)?;
+        let out_shape = shape.out_shape();
+        check_out("topk_idx", topk_idx.layout(), &out_shape)?;
+        check_out("topk_weights", topk_weights.layout(), &out_shape)?;
+        let dev = inputs.logits.device();
+        check_device("topk_idx", dev, topk_idx.device())?;
+        check_device("topk_weights", dev, topk_weights.device())?;
+        if shape.num_tokens == 0 {
+            return Ok(());
+        }
+        let t = shape.num_tokens as u32;
+        let ld = inputs.logits.layout().strides()[0] as u64;
+        let x_addr = inputs.logits.address();
+        let vec = (x_addr % 16 == 0 && (ld % 4 == 0 || t == 1)) as u32;
+        let stride0 = |l: &tk_core::Layout| l.strides().first().copied().unwrap_or(0) as u64;
+        let (bias_addr, bs) = (inputs.bias.address(), stride0(inputs.bias.layout()));
+        let (mask_addr, ms) = inputs
+            .mask
+            .as_ref()
+            .map_or((0, 0), |m| (m.address(), stride0(m.layout())));
+        let (fix_addr, fs) = inputs
+            .fix_routing_mask
+            .as_ref()
+            .map_or((0, 0), |m| (m.address(), stride0(m.layout())));
+        let (map_addr, mp0, mp1, count_addr, cs) =
+            inputs
+                .physical_map
+                .as_ref()
+                .map_or((0, 0, 0, 0, 0), |(m, c)| {
+                    let st = m.layout().strides();
+                    (
+                        m.address(),
+                        st[0] as u64,
+                        st[1] as u64,
+                        c.address(),
+                        stride0(c.layout()),
+                    )
+                });
+        let (u_addr, ldu) = match unmapped_topk_idx.as_mut() {
+            Some(u) => (u.address(), u.layout().strides()[0] as u64),
+            None => (0, 0),
+        };
+        let s = shape.num_shared_experts as u32;
+        let d = shape.num_replicas.unwrap_or(1) as u32;
+        let rsf = params.routed_scaling_factor;
+        let ep_rank = params.ep_rank as u64;
+        // validate() proved these fit in 31 bits.
+        let (r, tp_rank, tp) = (
+            shape.experts_per_rank as u32,
+            params.tp_rank as u32,
+            params.num_tp_ranks as u32,
+        );
+        let (g, gk) = shape
+            .grouping
+            .map_or((0, 0), |g| (g.num_groups, g.num_topk_groups));
+        let f = dev.function(&kernel_spec(
+            shape.num_experts,
+            shape.num_topk,
+            g,
+            gk,
+            params.scoring_func,
+        ))?;
+        let (idx_addr, w_addr) = (topk_idx.address(), topk_weights.address());
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&idx_addr)
+            .arg(&w_addr)
+            .arg(&u_addr)
+            .arg(&ldu)
+            .arg(&x_addr)
+            .arg(&ld)
+            .arg(&bias_addr)
+            .arg(&bs)
+            .arg(&mask_addr)
+            .arg(&ms)
+            .arg(&fix_addr)
+            .arg(&fs)
+            .arg(&map_addr)
+            .arg(&mp0)
+            .arg(&mp1)
+            .arg(&count_addr)
+            .arg(&cs)
+            .arg(&t)
+            .arg(&s)
+            .arg(&d)
+            .arg(&vec)
+            .arg(&rsf)
+            .arg(&ep_rank)
+            .arg(&r)
+            .arg(&tp_rank)
+            .arg(&tp);
+        // SAFETY: validate() proved every layout against the shape (views are bounds-checked at
+        // creation): the kernel reads logits[t * ld + j] (j < E, 16-byte loads only when the
+        // rows are 16-byte aligned), bias[j * bs], mask[t * ms], fix[t * fs] and
+        // unmapped[t * ldu + k] (k < K) for t < T; map[l * mp0 + c * mp1] and count[l * cs] only
+        // for l < E + S and c < count[l] <= D (checked in the kernel); fix-routing ids are read
+        // from logits only when in 0..E. It writes the contiguous (T, K + S) outputs and
+        // unmapped[t * ldu + k]. Null addresses are never dereferenced (the kernel tests them).
+        // All buffers outlive the stream-ordered launch.
+        unsafe { l.launch(token_grid(shape.num_tokens)) }.ctx("launching tk_top2_sum_gate")?;
+        Ok(())
     }
 }

@@ -20,8 +20,17 @@
 //! go to the smaller index: exactly `torch.sort(descending=True, stable=True)`, i.e. upstream's
 //! reference (upstream's kernel returns garbage for NaN).
 //!
-//! **Limits:** none beyond the shape rules above. Upstream's kernel needs a contiguous input;
-//! any row stride is accepted here. `T == 0` gives an empty `(0, k)` output.
+//! **Limits:** none beyond the shape rules above (the GPU op also needs `T < 2^32`). Upstream's
+//! kernel needs a contiguous input; any row stride is accepted here. `T == 0` gives an empty
+//! `(0, k)` output (no launch).
+//!
+//! **GPU kernel** (`cuda/topk_gate.cu`, feature `cuda`), specialised on `(E, k)`: one warp per
+//! token. For `E <= 1024` the row sits in registers as order keys (16-byte loads when the row
+//! is 16-byte aligned) and each of the `k` rounds picks the best `(key, index)` ranked after
+//! the previous pick with two `redux.sync` reductions — nothing is overwritten, so indices are
+//! distinct; longer rows are re-read (from L1/L2) every round. The op never synchronises with
+//! the host. Results equal the CPU reference bit for bit (no arithmetic), NaN and `±inf`
+//! included.
 
 use tk_core::{Layout, Result, TkError};
 
@@ -85,5 +94,92 @@ impl TopkGateParams {
             num_experts: e,
             num_topk: self.num_topk,
         })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use gpu::{kernel_spec, topk_gate, topk_gate_into};
+
+/// The GPU op (feature `cuda`).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
+
+    use super::TopkGateParams;
+    use crate::gpu::{check_device, check_out, check_tokens, token_grid, HEADERS, WARPS};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "topk_gate.cu",
+        entry: "tk_topk_gate",
+        code: include_str!("../cuda/topk_gate.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// Longest row kept in registers (8 16-byte vectors per lane); longer rows are streamed.
+    const MAX_REGISTER_ROW: usize = 1024;
+
+    /// The kernel specialisation for `E` columns and `k` picks.
+    pub fn kernel_spec(num_experts: usize, num_topk: usize) -> KernelSpec {
+        let nv = if num_experts <= MAX_REGISTER_ROW {
+            num_experts.div_ceil(128)
+        } else {
+            0
+        };
+        KernelSpec::new(&SOURCE)
+            .define("TK_E", num_experts)
+            .define("TK_K", num_topk)
+            .define("TK_NV", nv)
+            .define("TK_WARPS", WARPS)
+    }
+
+    /// GPU `topk_gate(scores (T, E) fp32, params) -> topk_idx (T, k)` i64, contiguous. See the
+    /// module docs for the semantics, tie rule, NaN / `-inf` behaviour and limits. Enqueued on
+    /// `scores`' device stream; no host sync.
+    ///
+    /// Errors: those of [`TopkGateParams::validate`], [`TkError::Param`](tk_core::TkError::Param)
+    /// naming `scores` for `T >= 2^32`.
+    pub fn topk_gate(
+        scores: &DeviceView<'_, f32>,
+        params: &TopkGateParams,
+    ) -> Result<DeviceTensor<i64>> {
+        let shape = params.validate(scores.layout())?;
+        let mut out = scores.device().alloc::<i64>(&shape.out_shape())?;
+        topk_gate_into(scores, params, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`topk_gate`] into a caller-provided contiguous `out` of shape `(T, k)` i64 (on the same
+    /// device). Errors: as [`topk_gate`], plus [`TkError::Shape`](tk_core::TkError::Shape) /
+    /// [`TkError::Stride`](tk_core::TkError::Stride) / [`TkError::Placement`](tk_core::TkError::Placement)
+    /// naming `out`.
+    pub fn topk_gate_into(
+        scores: &DeviceView<'_, f32>,
+        params: &TopkGateParams,
+        out: &mut DeviceViewMut<'_, i64>,
+    ) -> Result<()> {
+        let shape = params.validate(scores.layout())?;
+        let t = check_tokens("scores", shape.num_tokens)?;
+        check_out("out", out.layout(), &shape.out_shape())?;
+        let dev = scores.device();
+        check_device("out", dev, out.device())?;
+        if t == 0 {
+            return Ok(());
+        }
+        let ld = scores.layout().strides()[0] as u64;
+        let (x_addr, out_addr) = (scores.address(), out.address());
+        let vec = (x_addr % 16 == 0 && (ld % 4 == 0 || t == 1)) as u32;
+        let f = dev.function(&kernel_spec(shape.num_experts, shape.num_topk))?;
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&out_addr).arg(&x_addr).arg(&ld).arg(&t).arg(&vec);
+        // SAFETY: validate() and check_out() proved the layouts: the kernel reads
+        // scores[t * ld + j] for t < T, j < E (inside the view, which is bounds-checked at
+        // creation), with 16-byte loads only when the row starts are 16-byte aligned (`vec`),
+        // and writes out[t * k + r] for r < k into the contiguous (T, k) output. Both buffers
+        // outlive the stream-ordered launch.
+        unsafe { l.launch(token_grid(shape.num_tokens)) }.ctx("launching tk_topk_gate")?;
+        Ok(())
     }
 }

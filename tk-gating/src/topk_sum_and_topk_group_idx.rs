@@ -25,8 +25,17 @@
 //!
 //! **Limits:** `num_topk_sum ∈ {1, 2}` is kept (for more terms the fp32 summation order would
 //! become part of the contract, and no model uses it). Upstream's kernel limit `G <= 32` (one
-//! lane per group) is lifted: any `G` and `P` work. The contiguity requirement is relaxed to a
-//! unit stride along `P`. `T == 0` gives an empty `(0, Gk)` output.
+//! lane per group) is lifted: the CPU reference takes any `G` and `P`, the GPU op any `P` and
+//! `G <= 1024` ([`MAX_GPU_GROUPS`]: the group scores sit in registers, 32 per slot; a larger `G`
+//! is a [`TkError::Param`] naming `scores`) and `T < 2^32`. The contiguity requirement is relaxed
+//! to a unit stride along `P`. `T == 0` gives an empty `(0, Gk)` output (no launch).
+//!
+//! **GPU kernel** (`cuda/topk_sum_and_topk_group_idx.cu`, feature `cuda`), specialised on
+//! `(G, P, num_topk_sum, Gk)`: one warp per token. The token's `G·P` scores are copied to shared
+//! memory with coalesced loads (rows of more than 2048 scores are scanned in global memory
+//! instead), lane `l` scores groups `l, l + 32, ...`, and `Gk` warp selection rounds over the
+//! group scores pick the groups (no overwriting: distinct indices). Bit-exact with the CPU
+//! reference, NaN and `±inf` included. No host sync.
 
 use tk_core::{Layout, Result, TkError};
 
@@ -111,5 +120,125 @@ impl TopkSumAndTopkGroupIdxParams {
             num_topk_sum: self.num_topk_sum,
             num_topk_groups: self.num_topk_groups,
         })
+    }
+}
+
+/// The most groups the GPU op takes (the group scores sit in registers, 32 groups per slot).
+pub const MAX_GPU_GROUPS: usize = 1024;
+
+#[cfg(feature = "cuda")]
+pub use gpu::{kernel_spec, topk_sum_and_topk_group_idx, topk_sum_and_topk_group_idx_into};
+
+/// The GPU op (feature `cuda`).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError,
+    };
+
+    use super::{TopkGroupShape, TopkSumAndTopkGroupIdxParams, MAX_GPU_GROUPS};
+    use crate::gpu::{check_device, check_out, check_tokens, token_grid, HEADERS, WARPS};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "topk_sum_and_topk_group_idx.cu",
+        entry: "tk_topk_sum_and_topk_group_idx",
+        code: include_str!("../cuda/topk_sum_and_topk_group_idx.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// Longest token row (`G·P` scores) staged in shared memory (8 KiB per warp).
+    const MAX_STAGED_ROW: usize = 2048;
+
+    /// The kernel specialisation for `G` groups of `P` experts, summing `num_topk_sum` scores
+    /// per group and returning `Gk` groups.
+    pub fn kernel_spec(
+        num_groups: usize,
+        group_size: usize,
+        num_topk_sum: usize,
+        num_topk_groups: usize,
+    ) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_G", num_groups)
+            .define("TK_P", group_size)
+            .define("TK_NSUM", num_topk_sum)
+            .define("TK_GK", num_topk_groups)
+            .define(
+                "TK_STAGE",
+                (num_groups * group_size <= MAX_STAGED_ROW) as u8,
+            )
+            .define("TK_WARPS", WARPS)
+    }
+
+    fn validate(
+        scores: &DeviceView<'_, f32>,
+        params: &TopkSumAndTopkGroupIdxParams,
+    ) -> Result<TopkGroupShape> {
+        let shape = params.validate(scores.layout())?;
+        if shape.num_groups > MAX_GPU_GROUPS {
+            return Err(TkError::param(
+                "scores",
+                format!(
+                    "the GPU op takes at most {MAX_GPU_GROUPS} groups, got G = {}",
+                    shape.num_groups
+                ),
+            ));
+        }
+        check_tokens("scores", shape.num_tokens)?;
+        Ok(shape)
+    }
+
+    /// GPU `topk_sum_and_topk_group_idx(scores (T, G, P) fp32, params) -> (T, Gk)` i64,
+    /// contiguous. See the module docs for the semantics, tie rule, NaN / inf behaviour and
+    /// limits. Enqueued on `scores`' device stream; no host sync.
+    ///
+    /// Errors: those of [`TopkSumAndTopkGroupIdxParams::validate`], [`TkError::Param`] naming
+    /// `scores` for `G > 1024` or `T >= 2^32`.
+    pub fn topk_sum_and_topk_group_idx(
+        scores: &DeviceView<'_, f32>,
+        params: &TopkSumAndTopkGroupIdxParams,
+    ) -> Result<DeviceTensor<i64>> {
+        let shape = validate(scores, params)?;
+        let mut out = scores.device().alloc::<i64>(&shape.out_shape())?;
+        topk_sum_and_topk_group_idx_into(scores, params, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`topk_sum_and_topk_group_idx`] into a caller-provided contiguous `out` `(T, Gk)` i64 on
+    /// the same device. Errors: as [`topk_sum_and_topk_group_idx`], plus [`TkError::Shape`] /
+    /// [`TkError::Stride`] / [`TkError::Placement`] naming `out`.
+    pub fn topk_sum_and_topk_group_idx_into(
+        scores: &DeviceView<'_, f32>,
+        params: &TopkSumAndTopkGroupIdxParams,
+        out: &mut DeviceViewMut<'_, i64>,
+    ) -> Result<()> {
+        let shape = validate(scores, params)?;
+        check_out("out", out.layout(), &shape.out_shape())?;
+        let dev = scores.device();
+        check_device("out", dev, out.device())?;
+        if shape.num_tokens == 0 {
+            return Ok(());
+        }
+        let strides = scores.layout().strides();
+        let (s0, s1) = (strides[0] as u64, strides[1] as u64);
+        let t = shape.num_tokens as u32;
+        let (x_addr, out_addr) = (scores.address(), out.address());
+        let f = dev.function(&kernel_spec(
+            shape.num_groups,
+            shape.group_size,
+            shape.num_topk_sum,
+            shape.num_topk_groups,
+        ))?;
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&out_addr).arg(&x_addr).arg(&s0).arg(&s1).arg(&t);
+        // SAFETY: validate() and check_out() proved the layouts: the kernel reads
+        // scores[t * s0 + q * s1 + j] for t < T, q < G, j < P (inside the bounds-checked view)
+        // and writes out[t * Gk + r] for r < Gk into the contiguous (T, Gk) output. Both buffers
+        // outlive the stream-ordered launch.
+        unsafe { l.launch(token_grid(shape.num_tokens)) }
+            .ctx("launching tk_topk_sum_and_topk_group_idx")?;
+        Ok(())
     }
 }

@@ -1,8 +1,8 @@
 //! CPU references (also the CPU backend, feature `cpu`): the exact semantics of
 //! `spec/moe.md` §4.2–§4.5, written for clarity rather than speed. They share their validation
 //! with the GPU ops ([`TopkGateParams::validate`](crate::TopkGateParams::validate) etc.), and the
-//! GPU kernels will be tested against them: indices bit for bit, weights bit for bit up to the
-//! last-bit differences of `expf`/`log1pf` (see [`crate::scoring`]).
+//! GPU kernels are tested against them: indices bit for bit, weights within the spec's tolerance
+//! (bit for bit up to rare last-bit differences of `exp`/`log1p`, see [`crate::scoring`]).
 //!
 //! | function | spec | what |
 //! |---|---|---|

@@ -22,7 +22,7 @@ pub struct PhysicalMap<'a> {
 }
 
 /// The tensor arguments of the CPU [`top2_sum_gate`] (shapes and rules in
-/// [`crate::top2_sum_gate`]). Booleans are bytes: `0` = false, anything else = true.
+/// [`crate::top2_sum_gate`](mod@crate::top2_sum_gate)). Booleans are bytes: `0` = false, anything else = true.
 #[derive(Debug, Clone)]
 pub struct Top2SumGateInputs<'a> {
     /// `logits (T, E)` fp32.
@@ -119,7 +119,7 @@ pub struct Top2SumGateOutput {
     pub unmapped_topk_idx: Option<HostTensor<i64>>,
 }
 
-/// CPU `top2_sum_gate` (§4.5). See [`crate::top2_sum_gate`] for the arguments, semantics, tie
+/// CPU `top2_sum_gate` (§4.5). See [`crate::top2_sum_gate`](mod@crate::top2_sum_gate) for the arguments, semantics, tie
 /// rule, NaN / inf behaviour and limits.
 ///
 /// Errors: those of [`Top2SumGateParams::validate`], then the data rules (each a

@@ -30,7 +30,7 @@ pub fn stable_topk(scores: &HostView<'_, f32>, k: usize) -> Result<HostTensor<i6
 }
 
 /// CPU `topk_gate(scores (T, E), params) -> topk_idx (T, k)` i64 (§4.3). See
-/// [`crate::topk_gate`] for the semantics, the tie rule and the NaN / `-inf` behaviour.
+/// [`crate::topk_gate`](mod@crate::topk_gate) for the semantics, the tie rule and the NaN / `-inf` behaviour.
 ///
 /// Errors: those of [`TopkGateParams::validate`].
 pub fn topk_gate(scores: &HostView<'_, f32>, params: &TopkGateParams) -> Result<HostTensor<i64>> {

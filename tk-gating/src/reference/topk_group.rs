@@ -7,7 +7,7 @@ use crate::ranking::{stable_topk_indices, top1, top2};
 use crate::topk_sum_and_topk_group_idx::TopkSumAndTopkGroupIdxParams;
 
 /// CPU `topk_sum_and_topk_group_idx(scores (T, G, P), params) -> (T, Gk)` i64 (§4.4). See
-/// [`crate::topk_sum_and_topk_group_idx`] for the semantics, the tie rule and the NaN / inf
+/// [`crate::topk_sum_and_topk_group_idx`](mod@crate::topk_sum_and_topk_group_idx) for the semantics, the tie rule and the NaN / inf
 /// behaviour.
 ///
 /// Errors: those of [`TopkSumAndTopkGroupIdxParams::validate`].

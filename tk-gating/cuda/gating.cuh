@@ -1,0 +1,248 @@
+// tile-kernels gating: pieces shared by the gating kernels (include as "gating.cuh").
+//
+// * The selection order of tk-gating's ranking.rs as a u32 "order key": higher key = selected
+//   earlier; NaN above every number (all NaNs equal), -0.0 == +0.0, -inf an ordinary value.
+//   Key 0 (NONE) lies below every number: padding, non-candidates.
+// * Warp selection: round r takes the best (key, index) out of the candidates (its slot becomes
+//   NONE, which no real key equals), so picks are distinct even when -inf must be picked
+//   (upstream overwrites picks with -inf and can then repeat an index).
+// * Scores exactly as scoring.rs: exp and log1p in double precision rounded once to fp32 (the
+//   construction of tk_core::math), every other step one IEEE fp32 operation (_rn intrinsics,
+//   so no FMA contraction).
+// * Row layout of a warp: lane `l` owns elements i*128 + 4l + v (v < 4) of a row, i.e. slot
+//   s = 4i + v holds element (s/4)*128 + 4l + s%4; this is the order of scoring.rs warp_sum.
+#pragma once
+#include "tk/common.cuh"
+
+namespace tkg {
+
+using tk::i32;
+using tk::i64;
+using tk::u32;
+using tk::u64;
+using tk::u8;
+
+constexpr u32 FULL = 0xffffffffu;
+constexpr u32 NONE = 0u;           // below every number
+constexpr u32 NAN_KEY = 0xfffffff0u;  // every NaN; above +inf (0xff800000)
+constexpr u32 NO_INDEX = 0xffffffffu;
+
+// The order key of x (see the file comment).
+__device__ __forceinline__ u32 order_key(float x) {
+    const u32 b = __float_as_uint(x);
+    if (x != x) return NAN_KEY;
+    if ((b << 1) == 0u) return 0x80000000u;  // +0.0 and -0.0 tie
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// True when (k, j) ranks strictly after (pk, pj): lower key, or equal key and larger index.
+__device__ __forceinline__ bool ranks_after(u32 k, u32 j, u32 pk, u32 pj) {
+    return k < pk || (k == pk && j > pj);
+}
+
+// Element index of slot s of lane `lane` when a lane owns runs of A consecutive elements:
+// (s / A) * 32A + lane * A + s % A (A = 4: the row layout above; A = 1: one element per lane).
+template <int A>
+__device__ __forceinline__ u32 slot_index(int s, u32 lane) {
+    return (u32)(s / A) * (32u * A) + lane * A + (u32)(s % A);
+}
+
+// One selection round over register slots key[N] (padding and removed slots hold NONE): the
+// warp's best key, ties to the smallest element index, is taken out (its slot set to NONE) and
+// returned with, when VAL, its val[] broadcast from the owning lane. Each lane's best is its
+// first maximal slot (slots are in increasing element order), then max key / min index across
+// lanes with two redux.sync. Every round needs a real (non-NONE) slot left somewhere.
+struct Pick {
+    u32 key, idx;
+    float val;
+};
+template <int A, int N, bool VAL>
+__device__ __forceinline__ Pick warp_take(u32 (&key)[N], const float (&val)[N], u32 lane) {
+    u32 bk = NONE;
+    int bs = 0;
+#pragma unroll
+    for (int s = 0; s < N; ++s) {
+        if (key[s] > bk) {
+            bk = key[s];
+            bs = s;
+        }
+    }
+    const u32 k = __reduce_max_sync(FULL, bk);
+    const u32 j = slot_index<A>(bs, lane);
+    const u32 wj = __reduce_min_sync(FULL, bk == k ? j : NO_INDEX);
+    const bool mine = j == wj;  // only the owner's best can be the pick (lanes own distinct elements)
+    float v = 0.0f;
+#pragma unroll
+    for (int s = 0; s < N; ++s) {
+        const bool hit = mine && s == bs;
+        if (VAL) v = hit ? val[s] : v;
+        key[s] = hit ? NONE : key[s];
+    }
+    if (VAL) v = __shfl_sync(FULL, v, (wj / A) % 32u);
+    return {k, wj, v};
+}
+
+// Rows too long for registers (topk_gate): a lane's best element ranked strictly after the
+// previous pick (pk, pj); nothing is removed, each round re-reads the row.
+struct Best {
+    u32 key = NONE, idx = NO_INDEX;
+    // Candidates must be offered in increasing j, so that the first of equal keys is kept.
+    __device__ __forceinline__ void offer(u32 k, u32 j, u32 pk, u32 pj) {
+        if (ranks_after(k, j, pk, pj) && k > key) {
+            key = k;
+            idx = j;
+        }
+    }
+    // The warp's best: max key, then min index.
+    __device__ __forceinline__ Pick warp_pick() const {
+        const u32 k = __reduce_max_sync(FULL, key);
+        const u32 j = __reduce_min_sync(FULL, key == k ? idx : NO_INDEX);
+        return {k, j, 0.0f};
+    }
+};
+
+// The previous pick before the first round of the streamed path: everything ranks after it.
+constexpr u32 FIRST_KEY = 0xffffffffu, FIRST_IDX = 0u;
+
+// Loads elements [0, n) of a row (unit stride) into the row layout; slots past n get `pad`.
+// `vec`: the row start is 16-byte aligned, so whole in-range vectors use one 16-byte load.
+template <int N>
+__device__ __forceinline__ void load_row(float (&x)[N], const float* __restrict__ row, u32 n, u32 lane,
+                                         bool vec, float pad) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const u32 j0 = slot_index<4>(4 * i, lane);
+        if (vec && j0 + 4 <= n) {
+            const float4 q = __ldg(reinterpret_cast<const float4*>(row + j0));
+            x[4 * i] = q.x;
+            x[4 * i + 1] = q.y;
+            x[4 * i + 2] = q.z;
+            x[4 * i + 3] = q.w;
+        } else {
+#pragma unroll
+            for (int v = 0; v < 4; ++v) x[4 * i + v] = (j0 + v < n) ? __ldg(row + j0 + v) : pad;
+        }
+    }
+}
+
+// ----- scores (scoring.rs) -------------------------------------------------------------------
+
+// exp(x) rounded once to fp32 from a double evaluation (as tk_core::math::expf).
+__device__ __forceinline__ float exp_f32(float x) { return __double2float_rn(exp((double)x)); }
+// log(1 + x) rounded once to fp32 from a double evaluation (as tk_core::math::log1pf).
+__device__ __forceinline__ float log1p_f32(float x) { return __double2float_rn(log1p((double)x)); }
+
+// e = exp(-x); d = 1 + e; s = 1 / d.
+__device__ __forceinline__ float sigmoid(float x) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f32(-x)));
+}
+// x if x > 20 (strict), else log1p(exp(x)).
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1p_f32(exp_f32(x)); }
+__device__ __forceinline__ float sqrt_softplus(float x) { return __fsqrt_rn(softplus(x)); }
+
+// ----- groups (topk_sum_and_topk_group_idx, top2_sum_gate) ------------------------------------
+
+// A running multiset top-2 (k1 >= k2 by order key; NONE = empty).
+struct Top2 {
+    u32 k1 = NONE, k2 = NONE;
+    float v1 = 0.0f, v2 = 0.0f;
+    __device__ __forceinline__ void insert(float v) {
+        const u32 k = order_key(v);
+        if (k > k1) {
+            k2 = k1;
+            v2 = v1;
+            k1 = k;
+            v1 = v;
+        } else if (k > k2) {
+            k2 = k;
+            v2 = v;
+        }
+    }
+    // Merges another lane's top-2 (lane ^ off) into this one.
+    __device__ __forceinline__ void merge_xor(u32 off) {
+        const u32 o1 = __shfl_xor_sync(FULL, k1, off), o2 = __shfl_xor_sync(FULL, k2, off);
+        const float w1 = __shfl_xor_sync(FULL, v1, off), w2 = __shfl_xor_sync(FULL, v2, off);
+        if (o1 > k1) {  // theirs is the best; second: our best or their second
+            const bool ours = k1 > o2;
+            k2 = ours ? k1 : o2;
+            v2 = ours ? v1 : w2;
+            k1 = o1;
+            v1 = w1;
+        } else if (o1 > k2) {  // our best stays; their best is the second
+            k2 = o1;
+            v2 = w1;
+        }
+    }
+    // The order key of the group score: the best value (NSUM = 1) or the fp32 sum of the two.
+    template <int NSUM>
+    __device__ __forceinline__ u32 score_key() const {
+        return NSUM == 1 ? k1 : order_key(__fadd_rn(v1, v2));
+    }
+};
+
+// Lanes that score one group together: the largest power of two L with G*L <= 32 and L <= P
+// (1 when G > 32: each lane then scores groups lane, lane + 32, ...).
+__host__ __device__ constexpr u32 lanes_per_group(u32 g, u32 p) {
+    u32 l = 1;
+    while (g <= 32 && 2 * l * g <= 32 && 2 * l <= p) l *= 2;
+    return l;
+}
+
+// The group score keys of one token in the selection layout of warp_take<1, NG>: the key of
+// group q sits at element index q * L (L = lanes_per_group), so a pick's group is idx / L.
+// Group q's P values are base[q * gs + e], e < P. Equal keys only differ in the sign of zero or
+// a NaN payload, which leave a score's key unchanged, so the scan and merge orders are free:
+// with L lanes per group, lane q*L + sub scans e = sub + L*c starting at c = q mod ceil(P/L)
+// (spreading a warp's shared-memory reads over the banks), then the L partial top-2s are merged
+// with XOR shuffles. Every lane of the warp must call this (shuffles).
+template <int NSUM, u32 G, u32 P, int NG>
+__device__ __forceinline__ void group_keys(u32 (&gkey)[NG], const float* base, u64 gs, u32 lane) {
+    constexpr u32 L = lanes_per_group(G, P);
+    if constexpr (G <= 32) {
+        static_assert(NG == 1, "one group slot per lane when G <= 32");
+        constexpr u32 NCH = (P + L - 1) / L;  // elements per lane
+        const u32 q = lane / L, sub = lane % L;
+        Top2 t;
+        if (q < G) {
+            const float* g = base + q * gs;  // (P,)
+            u32 c = q % NCH;
+            for (u32 i = 0; i < NCH; ++i) {
+                const u32 e = sub + L * c;
+                if (e < P) t.insert(g[e]);
+                c = c + 1 == NCH ? 0 : c + 1;
+            }
+        }
+#pragma unroll
+        for (u32 off = 1; off < L; off *= 2) t.merge_xor(off);
+        gkey[0] = (q < G && sub == 0) ? t.template score_key<NSUM>() : NONE;
+    } else {
+#pragma unroll
+        for (int i = 0; i < NG; ++i) {
+            const u32 q = slot_index<1>(i, lane);
+            Top2 t;
+            if (q < G) {
+                const float* g = base + q * gs;  // (P,)
+                u32 e = lane % P;
+                for (u32 c = 0; c < P; ++c) {
+                    t.insert(g[e]);
+                    e = e + 1 == P ? 0 : e + 1;
+                }
+            }
+            gkey[i] = q < G ? t.template score_key<NSUM>() : NONE;
+        }
+    }
+}
+
+// ----- EP/TP masking and the replica choice (top2_sum_gate.rs) -----------------------------
+
+// mask_ep_tp (top2_sum_gate.rs), in its closed form (equal for id >= 0, see the Rust unit test):
+// with owner rank = id / r, -1 unless rank % tp == tp_rank, else (rank / tp) * r + id % r. The
+// launch checks that ids, r and tp fit in 31 bits, so 32-bit unsigned division suffices.
+__device__ __forceinline__ i64 mask_ep_tp(i64 id, u32 r, u32 tp_rank, u32 tp) {
+    if (id < 0) return -1;
+    const u32 u = (u32)id, rank = u / r;
+    if (rank % tp != tp_rank) return -1;
+    return (i64)((rank / tp) * r + (u - rank * r));
+}
+
+}  // namespace tkg

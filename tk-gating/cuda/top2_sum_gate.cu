@@ -1,0 +1,225 @@
+// top2_sum_gate: the full MoE router of tk-gating's top2_sum_gate.rs, one warp per token.
+//
+// Defines:
+//   TK_E        routed experts E (<= 1024: the row sits in registers)
+//   TK_K        routed slots K (1 <= K <= E)
+//   TK_G, TK_GK groups and kept groups when group-limited routing is active, else both 0
+//   TK_SCORING  0 sigmoid, 1 sqrt-softplus, 2 softmax
+//   TK_WARPS    warps per block
+// Run-time options (null pointers when absent): mask, fix_routing_mask + unmapped_topk_idx,
+// to_physical_map + logical_count; S shared slots; the EP/TP ranks.
+//
+// Per token: the logits row is loaded into registers (lane l owns experts i*128 + 4l + v, 16-byte
+// loads when aligned); scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
+// fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1);
+// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the keys go through
+// shared memory, where the lanes score the groups by their top-2 sums (gating.cuh), GK warp rounds
+// pick the kept groups, and experts of the other groups stop being candidates. K warp rounds pick
+// the experts (gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
+// weight denominator 1e-20 + s0 + s1 + ... in slot order. Lane r % 32 then writes slot r: weight
+// (s / den) * rsf (1.0 for shared slots), replica (64-bit), EP/TP masking.
+#include "gating.cuh"
+
+#if !defined(TK_E) || !defined(TK_K) || !defined(TK_G) || !defined(TK_GK) || !defined(TK_SCORING) || !defined(TK_WARPS)
+#error "TK_E, TK_K, TK_G, TK_GK, TK_SCORING and TK_WARPS must be defined"
+#endif
+
+#if TK_SCORING < 0 || TK_SCORING > 2
+#error "TK_SCORING must be 0 (sigmoid), 1 (sqrt-softplus) or 2 (softmax)"
+#endif
+
+using namespace tkg;
+
+constexpr u32 E = TK_E, K = TK_K;
+constexpr int N = 4 * ((TK_E + 127) / 128);  // row slots per lane
+constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
+constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
+constexpr bool SOFTMAX = TK_SCORING == 2;
+
+// The score of one logit for an elementwise scoring function.
+__device__ __forceinline__ float score(float x) {
+#if TK_SCORING == 0
+    return sigmoid(x);
+#else
+    return sqrt_softplus(x);
+#endif
+}
+
+// Outputs: idx, w (T, K + S) contiguous. unmapped (T, K) row stride ldu or null. logits (T, E)
+// row stride ld; bias (E,) stride bs; mask, fix (T,) strides ms, fs or null; map (E + S, D)
+// strides (mp0, mp1) and count (E + S,) stride cs, or null. vec: 16-byte row loads allowed.
+extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
+    tk_top2_sum_gate(i64* __restrict__ idx, float* __restrict__ w, i64* __restrict__ unmapped, u64 ldu,
+                     const float* __restrict__ logits, u64 ld, const float* __restrict__ bias, u64 bs,
+                     const u8* __restrict__ mask, u64 ms, const u8* __restrict__ fix, u64 fs,
+                     const i32* __restrict__ map, u64 mp0, u64 mp1, const i32* __restrict__ count, u64 cs,
+                     u32 T, u32 S, u32 D, u32 vec, float rsf, u64 ep_rank, u32 R, u32 tp_rank, u32 tp) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#if TK_G > 0
+    constexpr u32 G = TK_G, PG = TK_E / TK_G;
+    constexpr int NG = (TK_G + 31) / 32;
+    constexpr u32 L = lanes_per_group(G, PG);
+    __shared__ float skey[TK_WARPS][E];  // per warp: the token's ranking keys (E,)
+    __shared__ u32 sgroup[TK_WARPS][G];  // per warp: group order keys (G,)
+#endif
+    const u32 P = K + S;
+    float b[N];  // (N,) this lane's bias values, the same for every token
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const u32 j = slot_index<4>(i, lane);
+        b[i] = j < E ? __ldg(bias + j * bs) : 0.0f;
+    }
+    const u64 warps = (u64)gridDim.x * TK_WARPS;
+    for (u64 t = (u64)blockIdx.x * TK_WARPS + warp; t < T; t += warps) {
+        i64* io = idx + t * P;                                 // (P,)
+        float* wo = w + t * P;                                 // (P,)
+        i64* uo = unmapped ? unmapped + t * ldu : nullptr;     // (K,)
+        if (mask && mask[t * ms] == 0) {  // padding token: not routed, logits not read
+            for (u32 r = lane; r < P; r += 32) {
+                io[r] = -1;
+                wo[r] = 0.0f;
+            }
+            if (uo)
+                for (u32 r = lane; r < K; r += 32) uo[r] = -1;
+            continue;
+        }
+        const float* row = logits + t * ld;  // (E,)
+        float x[N];                          // (N,) this lane's logits
+        load_row<N>(x, row, E, lane, vec != 0, SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f);
+
+        float s[N];  // (N,) scores
+        float m = 0.0f, z = 0.0f;
+        if (SOFTMAX) {
+            m = x[0];
+#pragma unroll
+            for (int i = 1; i < N; ++i) m = fmaxf(m, x[i]);  // padding is -inf
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(FULL, m, off));
+            float zl = 0.0f;
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                s[i] = slot_index<4>(i, lane) < E ? exp_f32(__fsub_rn(x[i], m)) : 0.0f;
+                zl = __fadd_rn(zl, s[i]);  // + 0.0 for padding is exact
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) zl = __fadd_rn(zl, __shfl_xor_sync(FULL, zl, off));
+            z = zl;
+#pragma unroll
+            for (int i = 0; i < N; ++i) s[i] = __fdiv_rn(s[i], z);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) s[i] = slot_index<4>(i, lane) < E ? score(x[i]) : 0.0f;
+        }
+
+        const bool fixed = fix && fix[t * fs] != 0;
+        i64 sel[KC];    // routed slot c*32 + lane: logical expert
+        float ss[KC];   // ... and its score
+        float den = 1e-20f;
+#pragma unroll
+        for (int c = 0; c < KC; ++c) {
+            sel[c] = 0;
+            ss[c] = 0.0f;
+        }
+        if (!fixed) {
+            u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const u32 j = slot_index<4>(i, lane);
+                key[i] = NONE;
+                if (j < E) {
+                    const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], b[i]);
+                    key[i] = order_key(kf);
+#if TK_G > 0
+                    skey[warp][j] = kf;
+#endif
+                }
+            }
+#if TK_G > 0
+            // Group-limited routing: keep the GK best groups by top-2 sums.
+            __syncwarp();
+            u32 gkey[NG];  // group q at element index q * L
+            float unused[NG] = {};
+            group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
+#pragma unroll
+            for (int i = 0; i < NG; ++i)
+                if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
+            __syncwarp();
+            u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
+            for (u32 r = 0; r < TK_GK; ++r) {
+                const Pick p = warp_take<1, NG, false>(gkey, unused, lane);
+                gpk = p.key;
+                gpj = p.idx;
+            }
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const u32 j = slot_index<4>(i, lane);
+                if (j < E) {
+                    const u32 q = j / PG;
+                    if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
+                }
+            }
+            __syncwarp();  // shared memory reads done before the next token's writes
+#endif
+            // K rounds of expert selection, best first.
+#pragma unroll
+            for (int c = 0; c < KC; ++c) {
+                for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
+                    const Pick p = warp_take<4, N, true>(key, s, lane);
+                    den = __fadd_rn(den, p.val);
+                    if (lane == rr) {
+                        sel[c] = p.idx;
+                        ss[c] = p.val;
+                    }
+                }
+            }
+        } else {
+            // Fix routing: the given experts, their scores recomputed exactly as above.
+#pragma unroll
+            for (int c = 0; c < KC; ++c) {
+                const u32 r = c * 32 + lane;
+                if (r < K) {
+                    const i64 id = uo[r];
+                    sel[c] = id;
+                    if (id >= 0 && id < (i64)E) {
+                        const float xv = __ldg(row + id);
+                        ss[c] = SOFTMAX ? __fdiv_rn(exp_f32(__fsub_rn(xv, m)), z) : score(xv);
+                    }
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < KC; ++c)
+                for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr)
+                    den = __fadd_rn(den, __shfl_sync(FULL, ss[c], rr));
+        }
+
+        // Slots: weights, shared experts, replica, EP/TP masking.
+#pragma unroll
+        for (int c = 0; c < PC; ++c) {
+            const u32 r = c * 32 + lane;
+            if (r >= P) continue;
+            i64 id;
+            float wv;
+            if (r < K) {
+                const i64 l = c < KC ? sel[c] : 0;
+                id = (l >= 0 && l < (i64)E) ? l : -1;
+                wv = __fmul_rn(__fdiv_rn(c < KC ? ss[c] : 0.0f, den), rsf);
+                if (uo) uo[r] = l;
+            } else {
+                id = (i64)(E + (r - K));
+                wv = 1.0f;
+            }
+            if (map && id >= 0) {
+                const i32 n = count[(u64)id * cs];
+                if (n < 1 || (u32)n > D) {
+                    id = -1;
+                } else {
+                    const u64 col = (ep_rank + t * 23333u) % (u64)n;  // 64-bit: no overflow
+                    id = map[(u64)id * mp0 + col * mp1];
+                    if (id >= (i64)(E + D - 1)) id = -1;  // outside the physical ids
+                }
+            }
+            io[r] = mask_ep_tp(id, R, tp_rank, tp);
+            wo[r] = wv;
+        }
+    }
+}
