@@ -214,3 +214,309 @@ impl GetFusedMappingParams {
         })
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`).
+///
+/// **Kernels** (`cuda/get_fused_mapping.cu`), three launches on the op's stream, deterministic
+/// (positions come from prefix sums of exact counts, never from the order of atomics):
+/// 1. count: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each block counts
+///    its chunk per expert (shared-memory histogram) and fills the `pos_to_*` maps with `-1`;
+/// 2. scan (one block): per-expert totals and chunk prefixes, `A_e = align(c_e, a)`, a block
+///    scan for `expert_start`; writes the per-expert outputs and each chunk's first row per
+///    expert;
+/// 3. scatter: each block walks its chunk in order, 256 entries at a time, ranking equal experts
+///    with `__match_any_sync` and per-warp counts, and writes all four maps.
+///
+/// The result is bit-identical to the CPU reference (ascending flat order inside a segment).
+/// **Graph-safe** with [`FusedRows::Capacity`]: no host synchronisation; a capacity smaller
+/// than `Σ_e A_e` drops the slots whose row would be `>= M` (their `token_topk_to_pos` is `-1`)
+/// while the per-expert outputs report the full layout (see the module docs).
+/// [`FusedRows::HostSync`] (opt-in) runs on [`max_fused_rows`] rows, reads `expert_end[E-1]`
+/// back (**a host synchronisation**) and returns maps of exactly `Σ_e A_e` rows.
+///
+/// **Index contract on the GPU**: an entry that is not `-1` or in `0..E` is read as `-1` (not
+/// counted, `token_topk_to_pos = -1`); nothing is read or written out of bounds. Values of the
+/// int32 outputs that would exceed `i32::MAX` (only possible with huge alignments) saturate.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tk_core::error::DriverContext;
+    use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
+
+    use super::{FusedMappingShape, FusedRows, GetFusedMappingParams};
+    use crate::gpu::{check_device, check_out, config, row_stride, HEADERS, THREADS};
+
+    const CODE: &str = include_str!("../cuda/get_fused_mapping.cu");
+
+    macro_rules! source {
+        ($entry:literal) => {
+            KernelSource {
+                file: "get_fused_mapping.cu",
+                entry: $entry,
+                code: CODE,
+                headers: HEADERS,
+                needs_cuda_headers: false,
+            }
+        };
+    }
+
+    static COUNT: KernelSource = source!("tk_fused_count");
+    static SCAN: KernelSource = source!("tk_fused_scan");
+    static SCATTER: KernelSource = source!("tk_fused_scatter");
+
+    /// The three kernels (count, scan, scatter) for `num_topk` slots and `num_experts` experts.
+    pub fn kernel_specs(num_topk: usize, num_experts: usize) -> [KernelSpec; 3] {
+        [&COUNT, &SCAN, &SCATTER].map(|s| {
+            KernelSpec::new(s)
+                .define("TK_K", num_topk)
+                .define("TK_E", num_experts)
+        })
+    }
+
+    /// Representative specialisations (the moe12 top-k and local expert counts, and the
+    /// largest `E`), for compile checks and [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for k in [2, 6, 8, 9] {
+            for e in [4, 9, 32] {
+                v.extend(kernel_specs(k, e));
+            }
+        }
+        v.extend(kernel_specs(8, super::MAX_EXPERTS));
+        v
+    }
+
+    /// The seven mapping tensors on the device (int32, contiguous; meanings in
+    /// [`crate::get_fused_mapping`]).
+    #[derive(Debug)]
+    pub struct DeviceFusedMapping {
+        /// `(M,)`: expert of each fused row, `-1` for padding.
+        pub pos_to_expert: DeviceTensor<i32>,
+        /// `(M,)`: token of each fused row, `-1` for padding.
+        pub pos_to_token: DeviceTensor<i32>,
+        /// `(M,)`: flat slot `t·K + k` of each fused row, `-1` for padding.
+        pub pos_to_token_topk: DeviceTensor<i32>,
+        /// `(T, K)`: fused row of each slot, `-1` for `-1` slots.
+        pub token_topk_to_pos: DeviceTensor<i32>,
+        /// `(E,)`: first row of each expert's segment.
+        pub expert_start: DeviceTensor<i32>,
+        /// `(E,)`: one past the last row of each expert's segment.
+        pub expert_end: DeviceTensor<i32>,
+        /// `(E,)`: padded segment lengths `align(c_e, a)`.
+        pub num_tokens_per_expert: DeviceTensor<i32>,
+    }
+
+    impl DeviceFusedMapping {
+        /// Allocates (uninitialised) outputs for `T` tokens, `K` slots, `E` experts and `M` rows.
+        pub fn alloc(dev: &Device, t: usize, k: usize, e: usize, m: usize) -> Result<Self> {
+            Ok(Self {
+                pos_to_expert: dev.alloc(&[m])?,
+                pos_to_token: dev.alloc(&[m])?,
+                pos_to_token_topk: dev.alloc(&[m])?,
+                token_topk_to_pos: dev.alloc(&[t, k])?,
+                expert_start: dev.alloc(&[e])?,
+                expert_end: dev.alloc(&[e])?,
+                num_tokens_per_expert: dev.alloc(&[e])?,
+            })
+        }
+
+        /// `M`: rows of the fused buffer.
+        pub fn num_rows(&self) -> usize {
+            self.pos_to_expert.shape()[0]
+        }
+
+        /// Copies the seven tensors to the host (synchronises the stream).
+        #[cfg(feature = "cpu")]
+        pub fn to_host(&self) -> Result<crate::reference::FusedMapping> {
+            Ok(crate::reference::FusedMapping {
+                pos_to_expert: self.pos_to_expert.to_host()?,
+                pos_to_token: self.pos_to_token.to_host()?,
+                pos_to_token_topk: self.pos_to_token_topk.to_host()?,
+                token_topk_to_pos: self.token_topk_to_pos.to_host()?,
+                expert_start: self.expert_start.to_host()?,
+                expert_end: self.expert_end.to_host()?,
+                num_tokens_per_expert: self.num_tokens_per_expert.to_host()?,
+            })
+        }
+
+        fn tensors(&self) -> [(&'static str, &DeviceTensor<i32>); 7] {
+            [
+                ("pos_to_expert", &self.pos_to_expert),
+                ("pos_to_token", &self.pos_to_token),
+                ("pos_to_token_topk", &self.pos_to_token_topk),
+                ("token_topk_to_pos", &self.token_topk_to_pos),
+                ("expert_start", &self.expert_start),
+                ("expert_end", &self.expert_end),
+                ("num_tokens_per_expert", &self.num_tokens_per_expert),
+            ]
+        }
+    }
+
+    /// GPU `get_fused_mapping(topk_idx (T, K) i64, params)` into new tensors. With
+    /// [`FusedRows::Capacity`] it never synchronises with the host (graph-safe); with
+    /// [`FusedRows::HostSync`] it synchronises once to learn `M` (see the module docs).
+    ///
+    /// Errors: those of [`GetFusedMappingParams::validate`].
+    pub fn get_fused_mapping(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &GetFusedMappingParams,
+    ) -> Result<DeviceFusedMapping> {
+        let shape = params.validate(topk_idx.layout())?;
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let rows = match shape.rows {
+            FusedRows::Capacity(m) => m,
+            FusedRows::HostSync => shape.max_rows(),
+        };
+        let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows)?;
+        launch(topk_idx, &shape, rows, &mut out)?;
+        if shape.rows != FusedRows::HostSync {
+            return Ok(out);
+        }
+        // The opt-in host sync: read the layout's end, keep exactly that many rows.
+        let end = out.expert_end.view().narrow(0, e - 1, 1)?;
+        let m = dev.download(&end)?.as_slice()[0].max(0) as usize;
+        if m > rows {
+            return Err(TkError::param(
+                "num_expanded_tokens",
+                format!("the segments need {m} rows, more than int32 positions can address"),
+            ));
+        }
+        let trim = |src: &DeviceTensor<i32>| -> Result<DeviceTensor<i32>> {
+            let mut dst = dev.alloc::<i32>(&[m])?;
+            if m > 0 {
+                dev.stream()
+                    .memcpy_dtod(
+                        &src.buffer().slice(0..m),
+                        &mut dst.buffer_mut().slice_mut(0..m),
+                    )
+                    .ctx("copying the trimmed mapping")?;
+            }
+            Ok(dst)
+        };
+        out.pos_to_expert = trim(&out.pos_to_expert)?;
+        out.pos_to_token = trim(&out.pos_to_token)?;
+        out.pos_to_token_topk = trim(&out.pos_to_token_topk)?;
+        Ok(out)
+    }
+
+    /// Graph-safe `get_fused_mapping` into caller-provided outputs of `M = out.num_rows()` rows;
+    /// `params.rows` must be [`FusedRows::Capacity`]`(M)`. Never synchronises with the host.
+    ///
+    /// Errors: those of [`GetFusedMappingParams::validate`]; [`TkError::Param`] naming
+    /// `num_expanded_tokens` for [`FusedRows::HostSync`] or a capacity other than `M`;
+    /// [`TkError::Shape`] / [`TkError::Stride`] / [`TkError::Placement`] naming an output.
+    pub fn get_fused_mapping_into(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &GetFusedMappingParams,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<()> {
+        let shape = params.validate(topk_idx.layout())?;
+        let m = out.num_rows();
+        if shape.rows != FusedRows::Capacity(m) {
+            return Err(TkError::param(
+                "num_expanded_tokens",
+                format!("the _into form needs FusedRows::Capacity({m}) (the outputs' row count), got {:?}", shape.rows),
+            ));
+        }
+        launch(topk_idx, &shape, m, out)
+    }
+
+    fn launch(
+        topk_idx: &DeviceView<'_, i64>,
+        shape: &FusedMappingShape,
+        m: usize,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<()> {
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        for (arg, tensor) in out.tensors() {
+            check_device(arg, dev, tensor.device())?;
+            let want: Vec<usize> = match arg {
+                "pos_to_expert" | "pos_to_token" | "pos_to_token_topk" => vec![m],
+                "token_topk_to_pos" => vec![t, k],
+                _ => vec![e],
+            };
+            check_out(arg, tensor.layout(), &want)?;
+        }
+        // Chunks: about one per SM, whole tiles of 256 entries.
+        let flat = t * k;
+        let sms = dev.props().sm_count.max(1) as usize;
+        let chunk = flat.div_ceil(sms).div_ceil(THREADS as usize).max(1) * THREADS as usize;
+        let nb = flat.div_ceil(chunk).max(1);
+        let mut cnt = dev.alloc::<i32>(&[nb, e])?;
+        let [count, scan, scatter] = kernel_specs(k, e).map(|s| dev.function(&s));
+        let (count, scan, scatter) = (count?, scan?, scatter?);
+        let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
+        let (t64, l64, m64, b64, a64) = (
+            t as u64,
+            chunk as u64,
+            m as u64,
+            nb as u64,
+            shape.alignment as i64,
+        );
+        let cnt_addr = cnt.view_mut().address();
+        let addr = |x: &mut DeviceTensor<i32>| x.view_mut().address();
+        let (pte, ptt, pttk, ttp) = (
+            addr(&mut out.pos_to_expert),
+            addr(&mut out.pos_to_token),
+            addr(&mut out.pos_to_token_topk),
+            addr(&mut out.token_topk_to_pos),
+        );
+        let (es, ee, ntpe) = (
+            addr(&mut out.expert_start),
+            addr(&mut out.expert_end),
+            addr(&mut out.num_tokens_per_expert),
+        );
+        let grid = config(nb as u32, THREADS);
+        let mut l = dev.stream().launch_builder(&count);
+        l.arg(&cnt_addr)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&l64)
+            .arg(&pte)
+            .arg(&ptt)
+            .arg(&pttk)
+            .arg(&m64);
+        // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view,
+        // writes cnt[b, 0..E] of the (B, E) scratch and rows < M of the three (M,) maps.
+        unsafe { l.launch(grid) }.ctx("launching tk_fused_count")?;
+        let mut l = dev.stream().launch_builder(&scan);
+        l.arg(&cnt_addr)
+            .arg(&b64)
+            .arg(&a64)
+            .arg(&es)
+            .arg(&ee)
+            .arg(&ntpe);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: one block; thread e < E reads and writes cnt[0..B, e] and writes the three
+        // (E,) outputs at e; E <= 1024 (validated).
+        unsafe { l.launch(one) }.ctx("launching tk_fused_scan")?;
+        let mut l = dev.stream().launch_builder(&scatter);
+        l.arg(&cnt_addr)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&l64)
+            .arg(&m64)
+            .arg(&ttp)
+            .arg(&pte)
+            .arg(&ptt)
+            .arg(&pttk);
+        // SAFETY: block b reads cnt[b, 0..E] and its chunk of topk_idx, writes
+        // token_topk_to_pos at its flat indices (< T·K, contiguous output) and the three maps
+        // only at rows p < M (checked in the kernel); all buffers (cnt included, freed in stream
+        // order) outlive the launches.
+        unsafe { l.launch(grid) }.ctx("launching tk_fused_scatter")?;
+        Ok(())
+    }
+}

@@ -63,13 +63,15 @@
 
 // Without the CPU backend the links to it in these docs have no target.
 #![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod aux_fi;
 mod checks;
 pub mod expand_to_fused;
 pub mod expand_to_fused_with_sf;
 pub mod get_fused_mapping;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod group_count;
 pub mod index;
 pub mod inplace_unique_group_indices;
@@ -81,9 +83,37 @@ pub mod reference;
 #[cfg(feature = "cpu")]
 pub mod testing;
 
+/// Every kernel specialisation this crate registers (representative shapes of every op), for
+/// compile checks (`tk compile-check`) and [`prewarm`].
+#[cfg(feature = "cuda")]
+pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
+    [
+        expand_to_fused::registered_kernels(),
+        expand_to_fused_with_sf::registered_kernels(),
+        reduce_fused::registered_kernels(),
+        get_fused_mapping::registered_kernels(),
+    ]
+    .concat()
+}
+
+/// Compiles (or loads from the disk cache) every registered kernel on `dev`, e.g. before CUDA
+/// graph capture. Other shapes compile on first use.
+#[cfg(feature = "cuda")]
+pub fn prewarm(dev: &tk_core::Device) -> tk_core::Result<()> {
+    dev.prewarm(&registered_kernels())
+}
+
 pub use aux_fi::AuxFiParams;
+#[cfg(feature = "cuda")]
+pub use expand_to_fused::{expand_to_fused, expand_to_fused_into};
 pub use expand_to_fused::{ExpandShape, ExpandToFusedParams};
+#[cfg(feature = "cuda")]
+pub use expand_to_fused_with_sf::{
+    expand_to_fused_with_sf, expand_to_fused_with_sf_into, DeviceFusedWithSf,
+};
 pub use expand_to_fused_with_sf::{ExpandToFusedWithSfParams, ExpandWithSfShape, ScaleElement};
+#[cfg(feature = "cuda")]
+pub use get_fused_mapping::{get_fused_mapping, get_fused_mapping_into, DeviceFusedMapping};
 pub use get_fused_mapping::{
     max_fused_rows, segment_len, FusedMappingShape, FusedRows, GetFusedMappingParams, MAX_EXPERTS,
 };
@@ -92,6 +122,11 @@ pub use index::IndexElement;
 pub use inplace_unique_group_indices::InplaceUniqueGroupIndicesParams;
 pub use mask_indices_by_tp::MaskIndicesByTpParams;
 pub use normalize_weight::NormalizeWeightParams;
+#[cfg(feature = "cuda")]
+pub use reduce_fused::{
+    reduce_fused, reduce_fused_e4m3, reduce_fused_e4m3_into, reduce_fused_into,
+    DeviceReduceFusedInputs,
+};
 pub use reduce_fused::{
     ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceFusedShape, ReduceOut,
 };

@@ -1,0 +1,146 @@
+// get_fused_mapping (spec/moe.md 4.11): the expert-major layout of the legal entries of topk_idx
+// (T, K), rows inside a segment in ascending flat index t*K + k. Deterministic: counts are exact
+// integers and every position comes from prefix sums, never from the order of atomics.
+//
+// Defines: TK_K (slots per token), TK_E (experts, <= 1024).
+//
+// Three entries, launched in this order on one stream (no host synchronisation):
+// 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
+//    [b*L, (b+1)*L) per expert into cnt[b, :]; the blocks also fill the three pos_to_* maps
+//    with -1 (grid-stride over the M rows).
+// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] and A_e = align(c_e, a);
+//    an exclusive block scan of A_e gives expert_start; writes start, end and A_e, and turns
+//    cnt[b, e] into the first row of chunk b's entries of expert e (start_e + sum_{b' < b} cnt).
+// 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
+//    order; an entry's row is base[e] + (same-expert entries in earlier warps of the tile, from
+//    per-warp counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
+//    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
+// Positions are computed in 64 bits; values written to the int32 outputs saturate at INT32_MAX.
+#include "tk/moe.cuh"
+
+#ifndef TK_K
+#error "TK_K must be defined"
+#endif
+#ifndef TK_E
+#error "TK_E must be defined"
+#endif
+
+using namespace tkm;
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr i64 I32_MAX = 2147483647;
+
+__device__ __forceinline__ i32 sat_i32(i64 v) { return (i32)(v < I32_MAX ? v : I32_MAX); }
+
+// cnt: (B, E) i32; idx: (T, K) i64 row stride ld; pos_to_*: (M,) i32.
+extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __restrict__ cnt, const i64* __restrict__ idx,
+                                                                     u64 ld, u64 T, u64 L, i32* __restrict__ pos_to_expert,
+                                                                     i32* __restrict__ pos_to_token,
+                                                                     i32* __restrict__ pos_to_token_topk, u64 M) {
+    __shared__ u32 hist[TK_E];  // (E,) counts of this chunk
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) hist[e] = 0;
+    __syncthreads();
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
+    count_into(hist, idx, ld, TK_K, begin + threadIdx.x, end, THREADS, TK_E);
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)hist[e];
+    for (u64 p = (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += (u64)gridDim.x * THREADS) {
+        pos_to_expert[p] = -1;
+        pos_to_token[p] = -1;
+        pos_to_token_topk[p] = -1;
+    }
+}
+
+// cnt: (B, E) i32, in: chunk counts, out: first row of each chunk's entries (saturated);
+// expert_start, expert_end, num_tokens_per_expert: (E,) i32. One block of 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
+                                                                 i32* __restrict__ expert_start,
+                                                                 i32* __restrict__ expert_end,
+                                                                 i32* __restrict__ num_tokens_per_expert) {
+    __shared__ i64 warp_sums[32];
+    const u32 e = threadIdx.x, lane = e % 32, warp = e / 32;
+    i64 total = 0;
+    if (e < TK_E)
+        for (u64 b = 0; b < B; ++b) total += cnt[b * TK_E + e];
+    const i64 seg = (total + a - 1) / a * a;  // A_e
+    // Exclusive block scan of seg: inclusive within the warp, then over the warp totals.
+    i64 incl = seg;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const i64 o = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += o;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        const u32 nw = blockDim.x / 32;
+        i64 s = lane < nw ? warp_sums[lane] : 0;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            const i64 o = __shfl_up_sync(0xffffffffu, s, d);
+            if (lane >= d) s += o;
+        }
+        if (lane < nw) warp_sums[lane] = s;  // inclusive over warps
+    }
+    __syncthreads();
+    const i64 start = incl - seg + (warp > 0 ? warp_sums[warp - 1] : 0);
+    if (e >= TK_E) return;
+    expert_start[e] = sat_i32(start);
+    expert_end[e] = sat_i32(start + seg);
+    num_tokens_per_expert[e] = sat_i32(seg);
+    i64 run = start;
+    for (u64 b = 0; b < B; ++b) {
+        const i32 c = cnt[b * TK_E + e];
+        cnt[b * TK_E + e] = sat_i32(run);
+        run += c;
+    }
+}
+
+// base: (B, E) i32 from tk_fused_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
+// contiguous; pos_to_*: (M,) i32.
+extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx,
+                                                                       u64 ld, u64 T, u64 L, u64 M, i32* __restrict__ ttp,
+                                                                       i32* __restrict__ pos_to_expert,
+                                                                       i32* __restrict__ pos_to_token,
+                                                                       i32* __restrict__ pos_to_token_topk) {
+    __shared__ i64 running[TK_E];     // (E,) next row of each expert for this block
+    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) entries per expert in each warp of the tile
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
+        running[e] = base[(u64)blockIdx.x * TK_E + e];
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
+    }
+    __syncthreads();
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
+    for (u64 tile = begin; tile < end; tile += THREADS) {
+        const u64 i = tile + threadIdx.x;
+        const u64 t = i / TK_K, k = i % TK_K;
+        const i64 v = i < end ? legal_or_minus_one(__ldg(idx + t * ld + k), TK_E) : -1;
+        const u32 same = __match_any_sync(0xffffffffu, (unsigned long long)v);
+        const u32 below = __popc(same & ((1u << lane) - 1));
+        const bool leader = below == 0;
+        if (v >= 0 && leader) wcnt[warp][v] = __popc(same);
+        __syncthreads();
+        if (v >= 0) {
+            i64 p = running[v] + below;
+            for (u32 w = 0; w < warp; ++w) p += wcnt[w][v];
+            if (p < (i64)M) {
+                ttp[i] = (i32)p;
+                pos_to_expert[p] = (i32)v;
+                pos_to_token[p] = (i32)t;
+                pos_to_token_topk[p] = (i32)i;
+            } else {
+                ttp[i] = -1;
+            }
+        } else if (i < end) {
+            ttp[i] = -1;
+        }
+        __syncthreads();
+        if (v >= 0 && leader) {
+            atomicAdd(reinterpret_cast<unsigned long long*>(running + v), (unsigned long long)__popc(same));
+            wcnt[warp][v] = 0;
+        }
+        __syncthreads();
+    }
+}

@@ -1,0 +1,87 @@
+// tk-moe: device helpers shared by the routing kernels (include as "tk/moe.cuh").
+#pragma once
+#include "tk/common.cuh"
+
+namespace tkm {
+
+using tk::i32;
+using tk::i64;
+using tk::u32;
+using tk::u64;
+using tk::u8;
+
+// The GPU reading of the index contract (tk_moe::index): `v` when 0 <= v < upper, else -1.
+// Every kernel reads its index inputs through this, so no illegal entry is ever dereferenced.
+template <typename I>
+__device__ __forceinline__ i64 legal_or_minus_one(I v, i64 upper) {
+    const i64 w = (i64)v;
+    return (w >= 0 && w < upper) ? w : -1;
+}
+
+// Counts the legal entries of idx (T, K) row stride `ld` (elements) with flat index in
+// [begin, end) into the shared histogram `hist` (`bins` counters, zeroed by the caller).
+// Shared-memory atomics: the counts are exact integers, independent of the order.
+__device__ __forceinline__ void count_into(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K,
+                                           u64 begin, u64 end, u64 step, i64 bins) {
+    for (u64 i = begin; i < end; i += step) {
+        const u64 t = i / K, k = i % K;
+        const i64 v = legal_or_minus_one(__ldg(idx + t * ld + k), bins);
+        if (v >= 0) atomicAdd(hist + v, 1u);
+    }
+}
+
+// Grid-wide histogram of the legal entries of idx (T, K) (row stride ld) into the global
+// counters `counts` (`bins` of them, zeroed by the host): each block counts a grid-stride share
+// of the flat indices into `hist` (shared memory when SMEM, then one global atomic per non-zero
+// bin; global atomics directly otherwise). Integer atomics: exact and order-independent.
+template <bool SMEM>
+__device__ __forceinline__ void histogram(u32* __restrict__ counts, u32* hist, const i64* __restrict__ idx, u64 ld,
+                                          u64 T, u32 K, i64 bins) {
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
+    if (SMEM) {
+        for (i64 e = threadIdx.x; e < bins; e += blockDim.x) hist[e] = 0;
+        __syncthreads();
+        count_into(hist, idx, ld, K, first, T * K, step, bins);
+        __syncthreads();
+        for (i64 e = threadIdx.x; e < bins; e += blockDim.x)
+            if (hist[e]) atomicAdd(counts + e, hist[e]);
+    } else {
+        count_into(counts, idx, ld, K, first, T * K, step, bins);
+    }
+}
+
+// One warp copies a row of `n` vectors `src` to the rows `pos` (one per slot, -1 = none) of
+// `out` (rows of `n` vectors), UNROLL vectors per lane in flight. `pos_lane` holds, in lane j,
+// the row of slot k0 + j for each group of 32 slots (KG groups).
+template <typename V, int UNROLL, int KG>
+__device__ __forceinline__ void warp_scatter_row(V* __restrict__ out, const V* __restrict__ src, u64 n,
+                                                 const i64 (&pos_lane)[KG], u32 K, u32 lane) {
+    for (u64 b = 0; b < n; b += 32 * UNROLL) {  // the whole warp iterates: shuffles need every lane
+        const u64 c0 = b + lane;
+        V v[UNROLL];  // (UNROLL,) vectors of the source row
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (c0 + u * 32 < n) v[u] = __ldg(src + c0 + u * 32);
+#pragma unroll
+        for (int g = 0; g < KG; ++g) {
+            const u32 kn = min(32u, K - g * 32);
+            for (u32 j = 0; j < kn; ++j) {
+                const i64 p = __shfl_sync(0xffffffffu, pos_lane[g], j);
+                if (p < 0) continue;
+                V* dst = out + (u64)p * n;  // (n,) vectors
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u)
+                    if (c0 + u * 32 < n) dst[c0 + u * 32] = v[u];
+            }
+        }
+    }
+}
+
+// One warp writes zeros to a row of `n` vectors.
+template <typename V>
+__device__ __forceinline__ void warp_zero_row(V* __restrict__ row, u64 n, u32 lane) {
+    const V z{};
+    for (u64 c = lane; c < n; c += 32) row[c] = z;
+}
+
+}  // namespace tkm
