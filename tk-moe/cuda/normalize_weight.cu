@@ -14,7 +14,7 @@ using namespace tkm;
 extern "C" __global__ void __launch_bounds__(256) tk_normalize_weight(float* __restrict__ den, float* __restrict__ out,
                                                                       const float* __restrict__ w, u64 ld, u64 T) {
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < T; t += (u64)gridDim.x * blockDim.x) {
-        float v[TK_K];  // (K,) this token's weights
+        float v[TK_K > 0 ? TK_K : 1];  // (K,) this token's weights
         float d = 1e-20f;
 #pragma unroll
         for (int k = 0; k < TK_K; ++k) {

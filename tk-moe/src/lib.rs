@@ -92,6 +92,11 @@ pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
         expand_to_fused_with_sf::registered_kernels(),
         reduce_fused::registered_kernels(),
         get_fused_mapping::registered_kernels(),
+        normalize_weight::registered_kernels(),
+        group_count::registered_kernels(),
+        aux_fi::registered_kernels(),
+        inplace_unique_group_indices::registered_kernels(),
+        mask_indices_by_tp::registered_kernels(),
     ]
     .concat()
 }
@@ -104,6 +109,8 @@ pub fn prewarm(dev: &tk_core::Device) -> tk_core::Result<()> {
 }
 
 pub use aux_fi::AuxFiParams;
+#[cfg(feature = "cuda")]
+pub use aux_fi::{aux_fi, aux_fi_into};
 #[cfg(feature = "cuda")]
 pub use expand_to_fused::{expand_to_fused, expand_to_fused_into};
 pub use expand_to_fused::{ExpandShape, ExpandToFusedParams};
@@ -118,10 +125,18 @@ pub use get_fused_mapping::{
     max_fused_rows, segment_len, FusedMappingShape, FusedRows, GetFusedMappingParams, MAX_EXPERTS,
 };
 pub use group_count::GroupCountParams;
+#[cfg(feature = "cuda")]
+pub use group_count::{group_count, group_count_into};
 pub use index::IndexElement;
+#[cfg(feature = "cuda")]
+pub use inplace_unique_group_indices::inplace_unique_group_indices;
 pub use inplace_unique_group_indices::InplaceUniqueGroupIndicesParams;
 pub use mask_indices_by_tp::MaskIndicesByTpParams;
+#[cfg(feature = "cuda")]
+pub use mask_indices_by_tp::{mask_indices_by_tp, mask_indices_by_tp_into};
 pub use normalize_weight::NormalizeWeightParams;
+#[cfg(feature = "cuda")]
+pub use normalize_weight::{normalize_weight, normalize_weight_into};
 #[cfg(feature = "cuda")]
 pub use reduce_fused::{
     reduce_fused, reduce_fused_e4m3, reduce_fused_e4m3_into, reduce_fused_into,

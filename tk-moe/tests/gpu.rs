@@ -733,3 +733,278 @@ fn gpu_get_fused_mapping_off_grid() {
         &full.pos_to_token_topk.as_slice()[..cap]
     );
 }
+
+// ----- the small ops ---------------------------------------------------------------------------
+
+/// Every index tensor of the small-op tests: the moe12 grid (full size), the off-grid ones,
+/// and an illegal-entry variant of each off-grid one, as `(name, idx, E)`.
+fn index_cases() -> Vec<(String, HostTensor<i64>, usize)> {
+    let mut v: Vec<_> = grid()
+        .iter()
+        .map(|p| (p.name(), topk_idx_for("gpu small ops", p), p.num_experts))
+        .collect();
+    for (name, idx, e) in off_grid() {
+        let bad = with_illegal(&idx, e, &name);
+        v.push((name.clone(), idx, e));
+        v.push((format!("{name} illegal"), bad, e));
+    }
+    v
+}
+
+#[test]
+fn gpu_normalize_weight_grid() {
+    let Some(dev) = gpu_or_skip("gpu_normalize_weight_grid") else {
+        return;
+    };
+    for (name, idx, _) in index_cases() {
+        let (t, k) = (idx.shape()[0], idx.shape()[1]);
+        let mut rng = Rng::for_case(&format!("normalize {name}"));
+        let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
+        let expected = reference::normalize_weight(&w.view()).unwrap();
+        let dw = up(&dev, &w);
+        let (mut den, mut out) = (poisoned::<f32>(&dev, &[t]), poisoned::<f32>(&dev, &[t, k]));
+        tk_moe::normalize_weight_into(&dw.view(), &mut den.view_mut(), &mut out.view_mut())
+            .unwrap();
+        assert_bits_eq(
+            &format!("normalize {name} den"),
+            den.to_host().unwrap().as_slice(),
+            expected.denominator.as_slice(),
+        );
+        assert_bits_eq(
+            &format!("normalize {name} w"),
+            out.to_host().unwrap().as_slice(),
+            expected.normalized_weights.as_slice(),
+        );
+    }
+}
+
+#[test]
+fn gpu_group_count_and_aux_fi_grid() {
+    let Some(dev) = gpu_or_skip("gpu_group_count_and_aux_fi_grid") else {
+        return;
+    };
+    for (name, idx, e) in index_cases() {
+        let clean = sanitize_indices(&idx.view(), e);
+        let di = up(&dev, &idx);
+        let params = tk_moe::GroupCountParams::new(e);
+        let expected = reference::group_count(&clean.view(), &params).unwrap();
+        let mut out = poisoned::<i32>(&dev, &[e]);
+        tk_moe::group_count_into(&di.view(), &params, &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("group_count {name}"),
+            out.to_host().unwrap().as_slice(),
+            expected.as_slice(),
+        );
+        for naux in [1, idx.shape()[1].max(1)] {
+            let params = tk_moe::AuxFiParams::new(e, naux);
+            let expected = reference::aux_fi(&clean.view(), &params).unwrap();
+            let mut out = poisoned::<f32>(&dev, &[e]);
+            tk_moe::aux_fi_into(&di.view(), &params, &mut out.view_mut()).unwrap();
+            assert_bits_eq(
+                &format!("aux_fi {name} naux={naux}"),
+                out.to_host().unwrap().as_slice(),
+                expected.as_slice(),
+            );
+        }
+    }
+    // Global-memory histograms (more bins than shared memory holds).
+    let idx = topk_idx_for(
+        "gpu count big",
+        &MoeParams {
+            num_send_tokens: 300,
+            num_topk: 8,
+            num_experts: 10_000,
+            num_ep_ranks: 1,
+        },
+    );
+    let di = up(&dev, &idx);
+    let gc = tk_moe::group_count(&di.view(), &tk_moe::GroupCountParams::new(10_000)).unwrap();
+    assert_bits_eq(
+        "group_count 10000 bins",
+        gc.to_host().unwrap().as_slice(),
+        reference::group_count(&idx.view(), &tk_moe::GroupCountParams::new(10_000))
+            .unwrap()
+            .as_slice(),
+    );
+    let params = tk_moe::AuxFiParams::new(10_000, 8);
+    let f = tk_moe::aux_fi(&di.view(), &params).unwrap();
+    assert_bits_eq(
+        "aux_fi 10000 experts",
+        f.to_host().unwrap().as_slice(),
+        reference::aux_fi(&idx.view(), &params).unwrap().as_slice(),
+    );
+}
+
+#[test]
+fn gpu_inplace_unique_group_indices_grid() {
+    let Some(dev) = gpu_or_skip("gpu_inplace_unique_group_indices_grid") else {
+        return;
+    };
+    for p in grid() {
+        let idx = topk_idx_for("gpu unique", &p);
+        for g in [8, 16, 72] {
+            let global = p.global_experts();
+            if global % g != 0 {
+                continue;
+            }
+            // The spec's data: local ids floor-divided by the group size (-1 stays -1), plus a
+            // few illegal entries.
+            let per = global / g;
+            let groups = HostTensor::from_fn(idx.shape(), |i| {
+                idx.as_slice()[i].div_euclid(per as i64).max(-1)
+            });
+            for (what, x) in [
+                ("", groups.clone()),
+                (" illegal", with_illegal(&groups, g, "unique")),
+            ] {
+                let mut expected = sanitize_indices(&x.view(), g);
+                let params = tk_moe::InplaceUniqueGroupIndicesParams::new(g);
+                reference::inplace_unique_group_indices(&mut expected, &params).unwrap();
+                let mut d = up(&dev, &x);
+                tk_moe::inplace_unique_group_indices(&mut d.view_mut(), &params).unwrap();
+                assert_bits_eq(
+                    &format!("unique {} G={g}{what}", p.name()),
+                    d.to_host().unwrap().as_slice(),
+                    expected.as_slice(),
+                );
+            }
+        }
+    }
+    // Dense repeats and G = 128.
+    let mut rng = Rng::for_case("unique dense");
+    let x = HostTensor::from_fn(&[4000, 9], |_| rng.below(129) as i64 - 1);
+    let params = tk_moe::InplaceUniqueGroupIndicesParams::new(128);
+    let mut expected = x.clone();
+    reference::inplace_unique_group_indices(&mut expected, &params).unwrap();
+    let mut d = up(&dev, &x);
+    tk_moe::inplace_unique_group_indices(&mut d.view_mut(), &params).unwrap();
+    assert_bits_eq(
+        "unique dense G=128",
+        d.to_host().unwrap().as_slice(),
+        expected.as_slice(),
+    );
+}
+
+#[test]
+fn gpu_mask_indices_by_tp_grid() {
+    let Some(dev) = gpu_or_skip("gpu_mask_indices_by_tp_grid") else {
+        return;
+    };
+    for p in grid() {
+        // Ids over all the global experts, so that every rank keeps some.
+        let mut rng = Rng::for_case(&format!("gpu mask {}", p.name()));
+        let idx = topk_idx_for("gpu mask", &p);
+        let n = p.global_experts();
+        let spread = HostTensor::from_fn(idx.shape(), |i| {
+            if idx.as_slice()[i] < 0 {
+                -1
+            } else {
+                rng.below(n as u64) as i64
+            }
+        });
+        for tp in [2, 4, 8] {
+            if p.num_ep_ranks % tp != 0 {
+                continue;
+            }
+            // The first and last rank (every rank under TK_FULL_TEST).
+            let ranks: Vec<usize> = if full_test() {
+                (0..tp).collect()
+            } else {
+                vec![0, tp - 1]
+            };
+            for rank in ranks {
+                let params = tk_moe::MaskIndicesByTpParams {
+                    num_experts: n,
+                    num_ep_ranks: p.num_ep_ranks,
+                    tp_rank: rank,
+                    num_tp_ranks: tp,
+                };
+                for (what, x) in [
+                    ("", spread.clone()),
+                    (" illegal", with_illegal(&spread, n, "mask")),
+                ] {
+                    let expected = reference::mask_indices_by_tp(
+                        &sanitize_indices(&x.view(), n).view(),
+                        &params,
+                    )
+                    .unwrap();
+                    let dx = up(&dev, &x);
+                    let mut out = poisoned::<i64>(&dev, x.shape());
+                    tk_moe::mask_indices_by_tp_into(&dx.view(), &params, &mut out.view_mut())
+                        .unwrap();
+                    assert_bits_eq(
+                        &format!("mask {} tp={tp} rank={rank}{what}", p.name()),
+                        out.to_host().unwrap().as_slice(),
+                        expected.as_slice(),
+                    );
+                    // int32 indices give the same values.
+                    let x32 = HostTensor::from_fn(x.shape(), |i| {
+                        x.as_slice()[i].clamp(i32::MIN as i64, i32::MAX as i64) as i32
+                    });
+                    let got = tk_moe::mask_indices_by_tp(&up(&dev, &x32).view(), &params)
+                        .unwrap()
+                        .to_host()
+                        .unwrap();
+                    let want: Vec<i32> = expected.as_slice().iter().map(|&v| v as i32).collect();
+                    assert_bits_eq(
+                        &format!("mask i32 {} tp={tp} rank={rank}{what}", p.name()),
+                        got.as_slice(),
+                        &want,
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ----- determinism -----------------------------------------------------------------------------
+
+/// `reduce_fused` and `aux_fi` give the same bits over 100 runs (large moe12 inputs).
+#[test]
+fn gpu_reduce_fused_and_aux_fi_are_deterministic() {
+    let Some(dev) = gpu_or_skip("gpu_reduce_fused_and_aux_fi_are_deterministic") else {
+        return;
+    };
+    let p = MoeParams {
+        num_send_tokens: 4001,
+        num_topk: 8,
+        num_experts: 32,
+        num_ep_ranks: 8,
+    };
+    let idx = topk_idx_for("gpu determinism", &p);
+    let d = reduce_data("determinism", &idx, 32, 2048, bf16::from_f32);
+    let (dx, dttp, dw, dxsf) = (
+        up(&dev, &d.x),
+        up(&dev, &d.ttp),
+        up(&dev, &d.w),
+        up(&dev, &d.x_sf),
+    );
+    let inputs = DeviceReduceFusedInputs::new(dx.view(), dttp.view())
+        .with_weights(dw.view())
+        .with_x_sf(dxsf.view());
+    let first = tk_moe::reduce_fused(&inputs).unwrap().to_host().unwrap();
+    let di = up(&dev, &idx);
+    let params = tk_moe::AuxFiParams::new(32, 8);
+    let first_f = tk_moe::aux_fi(&di.view(), &params)
+        .unwrap()
+        .to_host()
+        .unwrap();
+    let mut out = dev.alloc::<bf16>(first.shape()).unwrap();
+    let mut f = dev.alloc::<f32>(&[32]).unwrap();
+    for run in 0..100 {
+        poison(&mut out).unwrap();
+        poison(&mut f).unwrap();
+        tk_moe::reduce_fused_into(&inputs, &mut out.view_mut()).unwrap();
+        tk_moe::aux_fi_into(&di.view(), &params, &mut f.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("reduce_fused run {run}"),
+            out.to_host().unwrap().as_slice(),
+            first.as_slice(),
+        );
+        assert_bits_eq(
+            &format!("aux_fi run {run}"),
+            f.to_host().unwrap().as_slice(),
+            first_f.as_slice(),
+        );
+    }
+}
