@@ -4,17 +4,19 @@
 //
 // Defines: TK_K (slots per token), TK_E (experts, <= 1024).
 //
-// Three entries, launched in this order on one stream (no host synchronisation):
+// Three entries, launched in this order on one stream (the host-sync convenience reads the
+// layout's end between 2 and 3 to size the row maps):
 // 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
-//    [b*L, (b+1)*L) per expert into cnt[b, :]; the blocks also fill the three pos_to_* maps
-//    with -1 (grid-stride over the M rows).
-// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] and A_e = align(c_e, a);
-//    an exclusive block scan of A_e gives expert_start; writes start, end and A_e, and turns
-//    cnt[b, e] into the first row of chunk b's entries of expert e (start_e + sum_{b' < b} cnt).
+//    [b*L, (b+1)*L) per expert into cnt[b, :].
+// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e])
+//    and A_e = align(c_e, a); an exclusive block scan of A_e gives expert_start; writes start,
+//    end and A_e, and turns cnt[b, e] into the first row of chunk b's entries of expert e.
 // 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
 //    order; an entry's row is base[e] + (same-expert entries in earlier warps of the tile, from
 //    per-warp counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
 //    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
+//    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
+//    e mod B) and the rows after the last segment (grid-stride).
 // Positions are computed in 64 bits; values written to the int32 outputs saturate at INT32_MAX.
 #include "tk/moe.cuh"
 
@@ -32,11 +34,9 @@ constexpr i64 I32_MAX = 2147483647;
 
 __device__ __forceinline__ i32 sat_i32(i64 v) { return (i32)(v < I32_MAX ? v : I32_MAX); }
 
-// cnt: (B, E) i32; idx: (T, K) i64 row stride ld; pos_to_*: (M,) i32.
+// cnt: (B + 1, E) i32 scratch (rows 0..B written here); idx: (T, K) i64 row stride ld.
 extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __restrict__ cnt, const i64* __restrict__ idx,
-                                                                     u64 ld, u64 T, u64 L, i32* __restrict__ pos_to_expert,
-                                                                     i32* __restrict__ pos_to_token,
-                                                                     i32* __restrict__ pos_to_token_topk, u64 M) {
+                                                                     u64 ld, u64 T, u64 L) {
     __shared__ u32 hist[TK_E];  // (E,) counts of this chunk
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) hist[e] = 0;
     __syncthreads();
@@ -44,14 +44,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __rest
     count_into(hist, idx, ld, TK_K, begin + threadIdx.x, end, THREADS, TK_E);
     __syncthreads();
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)hist[e];
-    for (u64 p = (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += (u64)gridDim.x * THREADS) {
-        pos_to_expert[p] = -1;
-        pos_to_token[p] = -1;
-        pos_to_token_topk[p] = -1;
-    }
 }
 
-// cnt: (B, E) i32, in: chunk counts, out: first row of each chunk's entries (saturated);
+// cnt: (B + 1, E) i32; rows 0..B in: chunk counts, out: first row of each chunk's entries
+// (saturated); row B out: c_e (the raw counts);
 // expert_start, expert_end, num_tokens_per_expert: (E,) i32. One block of 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
                                                                  i32* __restrict__ expert_start,
@@ -85,6 +81,7 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     __syncthreads();
     const i64 start = incl - seg + (warp > 0 ? warp_sums[warp - 1] : 0);
     if (e >= TK_E) return;
+    cnt[B * TK_E + e] = (i32)total;  // <= T*K <= INT32_MAX
     expert_start[e] = sat_i32(start);
     expert_end[e] = sat_i32(start + seg);
     num_tokens_per_expert[e] = sat_i32(seg);
@@ -96,13 +93,31 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     }
 }
 
-// base: (B, E) i32 from tk_fused_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
-// contiguous; pos_to_*: (M,) i32.
+// base: (B + 1, E) i32 from tk_fused_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
+// contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_scan.
 extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx,
                                                                        u64 ld, u64 T, u64 L, u64 M, i32* __restrict__ ttp,
                                                                        i32* __restrict__ pos_to_expert,
                                                                        i32* __restrict__ pos_to_token,
-                                                                       i32* __restrict__ pos_to_token_topk) {
+                                                                       i32* __restrict__ pos_to_token_topk,
+                                                                       const i32* __restrict__ expert_start,
+                                                                       const i32* __restrict__ expert_end) {
+    // Padding rows: the tail of each segment (experts e = b mod B), then the rows after the
+    // last segment (grid-stride). Disjoint from the rows of real entries.
+    const u64 B = gridDim.x;
+    for (u32 e = blockIdx.x; e < TK_E; e += gridDim.x) {
+        const u64 first = (u64)expert_start[e] + (u64)base[B * TK_E + e], last = min((u64)expert_end[e], M);
+        for (u64 p = first + threadIdx.x; p < last; p += THREADS) {
+            pos_to_expert[p] = -1;
+            pos_to_token[p] = -1;
+            pos_to_token_topk[p] = -1;
+        }
+    }
+    for (u64 p = (u64)expert_end[TK_E - 1] + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
+        pos_to_expert[p] = -1;
+        pos_to_token[p] = -1;
+        pos_to_token_topk[p] = -1;
+    }
     __shared__ i64 running[TK_E];     // (E,) next row of each expert for this block
     __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) entries per expert in each warp of the tile
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;

@@ -223,19 +223,20 @@ pub use gpu::*;
 /// **Kernels** (`cuda/get_fused_mapping.cu`), three launches on the op's stream, deterministic
 /// (positions come from prefix sums of exact counts, never from the order of atomics):
 /// 1. count: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each block counts
-///    its chunk per expert (shared-memory histogram) and fills the `pos_to_*` maps with `-1`;
+///    its chunk per expert (shared-memory histogram);
 /// 2. scan (one block): per-expert totals and chunk prefixes, `A_e = align(c_e, a)`, a block
 ///    scan for `expert_start`; writes the per-expert outputs and each chunk's first row per
 ///    expert;
 /// 3. scatter: each block walks its chunk in order, 256 entries at a time, ranking equal experts
-///    with `__match_any_sync` and per-warp counts, and writes all four maps.
+///    with `__match_any_sync` and per-warp counts, and writes all four maps (and `-1` to the
+///    padding rows).
 ///
 /// The result is bit-identical to the CPU reference (ascending flat order inside a segment).
 /// **Graph-safe** with [`FusedRows::Capacity`]: no host synchronisation; a capacity smaller
 /// than `Σ_e A_e` drops the slots whose row would be `>= M` (their `token_topk_to_pos` is `-1`)
 /// while the per-expert outputs report the full layout (see the module docs).
-/// [`FusedRows::HostSync`] (opt-in) runs on [`max_fused_rows`] rows, reads `expert_end[E-1]`
-/// back (**a host synchronisation**) and returns maps of exactly `Σ_e A_e` rows.
+/// [`FusedRows::HostSync`] (opt-in) reads `expert_end[E-1]` back after the scan (**a host
+/// synchronisation**) and scatters into maps of exactly `Σ_e A_e` rows (no trimming copies).
 ///
 /// **Index contract on the GPU**: an entry that is not `-1` or in `0..E` is read as `-1` (not
 /// counted, `token_topk_to_pos = -1`); nothing is read or written out of bounds. Values of the
@@ -358,7 +359,8 @@ mod gpu {
 
     /// GPU `get_fused_mapping(topk_idx (T, K) i64, params)` into new tensors. With
     /// [`FusedRows::Capacity`] it never synchronises with the host (graph-safe); with
-    /// [`FusedRows::HostSync`] it synchronises once to learn `M` (see the module docs).
+    /// [`FusedRows::HostSync`] it synchronises once, after the counting, to size the row maps
+    /// (see the module docs).
     ///
     /// Errors: those of [`GetFusedMappingParams::validate`].
     pub fn get_fused_mapping(
@@ -369,38 +371,34 @@ mod gpu {
         let dev = topk_idx.device();
         let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
         let rows = match shape.rows {
-            FusedRows::Capacity(m) => m,
-            FusedRows::HostSync => shape.max_rows(),
+            FusedRows::Capacity(m) => Some(m),
+            FusedRows::HostSync => None,
         };
-        let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows)?;
-        launch(topk_idx, &shape, rows, &mut out)?;
-        if shape.rows != FusedRows::HostSync {
-            return Ok(out);
-        }
-        // The opt-in host sync: read the layout's end, keep exactly that many rows.
-        let end = out.expert_end.view().narrow(0, e - 1, 1)?;
-        let m = dev.download(&end)?.as_slice()[0].max(0) as usize;
-        if m > rows {
-            return Err(TkError::param(
-                "num_expanded_tokens",
-                format!("the segments need {m} rows, more than int32 positions can address"),
-            ));
-        }
-        let trim = |src: &DeviceTensor<i32>| -> Result<DeviceTensor<i32>> {
-            let mut dst = dev.alloc::<i32>(&[m])?;
-            if m > 0 {
-                dev.stream()
-                    .memcpy_dtod(
-                        &src.buffer().slice(0..m),
-                        &mut dst.buffer_mut().slice_mut(0..m),
-                    )
-                    .ctx("copying the trimmed mapping")?;
+        let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows.unwrap_or(0))?;
+        let scratch = count_and_scan(topk_idx, &shape, &mut out)?;
+        let m = match rows {
+            Some(m) => m,
+            None => {
+                // The opt-in host sync: read the layout's end, size the row maps exactly.
+                let end = out.expert_end.view().narrow(0, e - 1, 1)?;
+                let m = dev.download(&end)?.as_slice()[0].max(0) as usize;
+                if m >= i32::MAX as usize {
+                    return Err(TkError::param(
+                        "num_expanded_tokens",
+                        "the segments need more rows than int32 positions can address",
+                    ));
+                }
+                for x in [
+                    &mut out.pos_to_expert,
+                    &mut out.pos_to_token,
+                    &mut out.pos_to_token_topk,
+                ] {
+                    *x = dev.alloc(&[m])?;
+                }
+                m
             }
-            Ok(dst)
         };
-        out.pos_to_expert = trim(&out.pos_to_expert)?;
-        out.pos_to_token = trim(&out.pos_to_token)?;
-        out.pos_to_token_topk = trim(&out.pos_to_token_topk)?;
+        scatter(topk_idx, &shape, m, &scratch, &mut out)?;
         Ok(out)
     }
 
@@ -420,72 +418,70 @@ mod gpu {
         if shape.rows != FusedRows::Capacity(m) {
             return Err(TkError::param(
                 "num_expanded_tokens",
-                format!("the _into form needs FusedRows::Capacity({m}) (the outputs' row count), got {:?}", shape.rows),
+                format!(
+                    "the _into form needs FusedRows::Capacity({m}) (the outputs' row count), got {:?}",
+                    shape.rows
+                ),
             ));
         }
-        launch(topk_idx, &shape, m, out)
+        check_outputs(topk_idx.device(), &shape, m, out)?;
+        let scratch = count_and_scan(topk_idx, &shape, out)?;
+        scatter(topk_idx, &shape, m, &scratch, out)
     }
 
-    fn launch(
-        topk_idx: &DeviceView<'_, i64>,
+    /// Checks the seven outputs' devices, shapes and contiguity.
+    fn check_outputs(
+        dev: &Device,
         shape: &FusedMappingShape,
         m: usize,
-        out: &mut DeviceFusedMapping,
+        out: &DeviceFusedMapping,
     ) -> Result<()> {
-        let dev = topk_idx.device();
-        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
         for (arg, tensor) in out.tensors() {
             check_device(arg, dev, tensor.device())?;
             let want: Vec<usize> = match arg {
                 "pos_to_expert" | "pos_to_token" | "pos_to_token_topk" => vec![m],
-                "token_topk_to_pos" => vec![t, k],
-                _ => vec![e],
+                "token_topk_to_pos" => vec![shape.num_tokens, shape.num_topk],
+                _ => vec![shape.num_experts],
             };
             check_out(arg, tensor.layout(), &want)?;
         }
-        // Chunks: about one per SM, whole tiles of 256 entries.
-        let flat = t * k;
+        Ok(())
+    }
+
+    /// The chunking of the flat range: `(entries per block, blocks)`, about one block per SM,
+    /// whole tiles of 256 entries.
+    fn chunking(dev: &Device, flat: usize) -> (usize, usize) {
         let sms = dev.props().sm_count.max(1) as usize;
         let chunk = flat.div_ceil(sms).div_ceil(THREADS as usize).max(1) * THREADS as usize;
-        let nb = flat.div_ceil(chunk).max(1);
-        let mut cnt = dev.alloc::<i32>(&[nb, e])?;
-        let [count, scan, scatter] = kernel_specs(k, e).map(|s| dev.function(&s));
-        let (count, scan, scatter) = (count?, scan?, scatter?);
+        (chunk, flat.div_ceil(chunk).max(1))
+    }
+
+    /// Launches the count and scan kernels; returns the `(B + 1, E)` scratch of chunk bases
+    /// and raw counts (the per-expert outputs are written).
+    fn count_and_scan(
+        topk_idx: &DeviceView<'_, i64>,
+        shape: &FusedMappingShape,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<DeviceTensor<i32>> {
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let (chunk, nb) = chunking(dev, t * k);
+        let mut cnt = dev.alloc::<i32>(&[nb + 1, e])?;
+        let [count, scan, _] = kernel_specs(k, e);
+        let (count, scan) = (dev.function(&count)?, dev.function(&scan)?);
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
-        let (t64, l64, m64, b64, a64) = (
-            t as u64,
-            chunk as u64,
-            m as u64,
-            nb as u64,
-            shape.alignment as i64,
-        );
+        let (t64, l64, b64, a64) = (t as u64, chunk as u64, nb as u64, shape.alignment as i64);
         let cnt_addr = cnt.view_mut().address();
-        let addr = |x: &mut DeviceTensor<i32>| x.view_mut().address();
-        let (pte, ptt, pttk, ttp) = (
-            addr(&mut out.pos_to_expert),
-            addr(&mut out.pos_to_token),
-            addr(&mut out.pos_to_token_topk),
-            addr(&mut out.token_topk_to_pos),
-        );
         let (es, ee, ntpe) = (
-            addr(&mut out.expert_start),
-            addr(&mut out.expert_end),
-            addr(&mut out.num_tokens_per_expert),
+            out.expert_start.view_mut().address(),
+            out.expert_end.view_mut().address(),
+            out.num_tokens_per_expert.view_mut().address(),
         );
-        let grid = config(nb as u32, THREADS);
         let mut l = dev.stream().launch_builder(&count);
-        l.arg(&cnt_addr)
-            .arg(&idx)
-            .arg(&ld)
-            .arg(&t64)
-            .arg(&l64)
-            .arg(&pte)
-            .arg(&ptt)
-            .arg(&pttk)
-            .arg(&m64);
-        // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view,
-        // writes cnt[b, 0..E] of the (B, E) scratch and rows < M of the three (M,) maps.
-        unsafe { l.launch(grid) }.ctx("launching tk_fused_count")?;
+        l.arg(&cnt_addr).arg(&idx).arg(&ld).arg(&t64).arg(&l64);
+        // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view
+        // and writes cnt[b, 0..E] of the (B + 1, E) scratch.
+        unsafe { l.launch(config(nb as u32, THREADS)) }.ctx("launching tk_fused_count")?;
         let mut l = dev.stream().launch_builder(&scan);
         l.arg(&cnt_addr)
             .arg(&b64)
@@ -498,10 +494,39 @@ mod gpu {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: one block; thread e < E reads and writes cnt[0..B, e] and writes the three
-        // (E,) outputs at e; E <= 1024 (validated).
+        // SAFETY: one block; thread e < E (<= 1024, validated) reads and writes cnt[0..=B, e]
+        // and writes the three checked (E,) outputs at e; the scratch is freed in stream order.
         unsafe { l.launch(one) }.ctx("launching tk_fused_scan")?;
-        let mut l = dev.stream().launch_builder(&scatter);
+        Ok(cnt)
+    }
+
+    /// Launches the scatter kernel into row maps of `m` rows.
+    fn scatter(
+        topk_idx: &DeviceView<'_, i64>,
+        shape: &FusedMappingShape,
+        m: usize,
+        cnt: &DeviceTensor<i32>,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<()> {
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let (chunk, nb) = chunking(dev, t * k);
+        let f = dev.function(&kernel_specs(k, e)[2])?;
+        let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
+        let (t64, l64, m64) = (t as u64, chunk as u64, m as u64);
+        let cnt_addr = cnt.view().address();
+        let addr = |x: &mut DeviceTensor<i32>| x.view_mut().address();
+        let (ttp, pte, ptt, pttk) = (
+            addr(&mut out.token_topk_to_pos),
+            addr(&mut out.pos_to_expert),
+            addr(&mut out.pos_to_token),
+            addr(&mut out.pos_to_token_topk),
+        );
+        let (es, ee) = (
+            out.expert_start.view().address(),
+            out.expert_end.view().address(),
+        );
+        let mut l = dev.stream().launch_builder(&f);
         l.arg(&cnt_addr)
             .arg(&idx)
             .arg(&ld)
@@ -511,12 +536,14 @@ mod gpu {
             .arg(&ttp)
             .arg(&pte)
             .arg(&ptt)
-            .arg(&pttk);
-        // SAFETY: block b reads cnt[b, 0..E] and its chunk of topk_idx, writes
-        // token_topk_to_pos at its flat indices (< T·K, contiguous output) and the three maps
-        // only at rows p < M (checked in the kernel); all buffers (cnt included, freed in stream
-        // order) outlive the launches.
-        unsafe { l.launch(grid) }.ctx("launching tk_fused_scatter")?;
+            .arg(&pttk)
+            .arg(&es)
+            .arg(&ee);
+        // SAFETY: block b reads cnt[b, 0..E] and cnt[B, 0..E], its chunk of topk_idx and the
+        // (E,) starts and ends; it writes token_topk_to_pos at its flat indices (< T·K, the
+        // checked contiguous output) and the three (M,) maps only at rows p < M (bounded in the
+        // kernel); all buffers outlive the stream-ordered launch.
+        unsafe { l.launch(config(nb as u32, THREADS)) }.ctx("launching tk_fused_scatter")?;
         Ok(())
     }
 }
