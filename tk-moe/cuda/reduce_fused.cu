@@ -7,8 +7,8 @@
 // TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given).
 //
 // One warp per token: lane j of slot group g first computes (p, s) of slot 32g + j; then the
-// warp sweeps the columns TK_W at a time, each lane loading the K rows' vectors (all K loads in
-// flight), accumulating, converting and storing its TK_W outputs. The arithmetic uses explicit
+// warp sweeps the columns TK_W at a time, each lane loading the K rows' vectors (batches of up
+// to 16 predicated loads in flight), accumulating, converting and storing its TK_W outputs. The arithmetic uses explicit
 // __fmaf_rn / __fmul_rn so that no contraction or reassociation can change the bits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,6 +51,7 @@ typedef tk::uint_of_size<TK_W * sizeof(in_t)>::type in_vec_t;    // TK_W inputs
 typedef tk::uint_of_size<TK_W * sizeof(out_t)>::type out_vec_t;  // TK_W outputs
 constexpr int WARPS = 8;
 constexpr int KG = (TK_K + 31) / 32;
+constexpr int SB = TK_K < 16 ? TK_K : 16;  // slots per load batch
 
 union InVec {
     in_vec_t raw;
@@ -94,18 +95,27 @@ extern "C" __global__ void __launch_bounds__(256) tk_reduce_fused(out_vec_t* __r
             float acc[TK_W];
 #pragma unroll
             for (int i = 0; i < TK_W; ++i) acc[i] = 0.0f;
+            // Batches of SB slots: all SB loads are issued (predicated) before the FMAs, which
+            // then run in slot order; a skipped slot leaves acc untouched.
 #pragma unroll
-            for (int g = 0; g < KG; ++g) {
-                const u32 kn = min(32u, TK_K - g * 32);
+            for (int k0 = 0; k0 < TK_K; k0 += SB) {
+                i64 p[SB];
+                float s[SB];
+                in_vec_t v[SB];  // (SB,) vectors of TK_W inputs
 #pragma unroll
-                for (u32 j = 0; j < kn; ++j) {
-                    const i64 p = __shfl_sync(0xffffffffu, pos[g], j);
-                    const float s = __shfl_sync(0xffffffffu, scl[g], j);
-                    if (p < 0 || c >= n) continue;
-                    InVec v;
-                    v.raw = __ldg(x + (u64)p * ldx + c);
+                for (int j = 0; j < SB; ++j) {
+                    const int k = k0 + j;
+                    p[j] = k < TK_K ? __shfl_sync(0xffffffffu, pos[k / 32], k % 32) : -1;
+                    s[j] = k < TK_K ? __shfl_sync(0xffffffffu, scl[k / 32], k % 32) : 0.0f;
+                    v[j] = (p[j] >= 0 && c < n) ? __ldg(x + (u64)p[j] * ldx + c) : in_vec_t{};
+                }
 #pragma unroll
-                    for (int i = 0; i < TK_W; ++i) acc[i] = __fmaf_rn(to_f32(v.e[i]), s, acc[i]);
+                for (int j = 0; j < SB; ++j) {
+                    if (p[j] < 0) continue;
+                    InVec u;
+                    u.raw = v[j];
+#pragma unroll
+                    for (int i = 0; i < TK_W; ++i) acc[i] = __fmaf_rn(to_f32(u.e[i]), s[j], acc[i]);
                 }
             }
             if (c >= n) continue;

@@ -128,7 +128,7 @@ mod gpu {
     }
 
     /// GPU `aux_fi(topk_idx (T, K) i64) -> f (E,)` fp32 into a new tensor (see the
-    /// [module docs](crate::aux_fi)).
+    /// [module docs](mod@crate::aux_fi)).
     ///
     /// Errors: those of [`AuxFiParams::validate`] and the GPU limits above.
     pub fn aux_fi(

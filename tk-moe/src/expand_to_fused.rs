@@ -209,7 +209,7 @@ mod gpu {
     }
 
     /// GPU `expand_to_fused(x (T, H), token_topk_to_pos (T, K) i32, pos_to_expert (M,) i32)`
-    /// into a new contiguous `(M, H)` tensor (see the [module docs](crate::expand_to_fused)).
+    /// into a new contiguous `(M, H)` tensor (see the [module docs](mod@crate::expand_to_fused)).
     ///
     /// Errors: those of [`ExpandToFusedParams::validate`]; [`tk_core::TkError::Placement`]
     /// when the tensors are on different devices.

@@ -1,4 +1,4 @@
-//! `expand_to_fused_with_sf` (`spec/moe.md` §4.13, §5.14): [`expand_to_fused`](crate::expand_to_fused)
+//! `expand_to_fused_with_sf` (`spec/moe.md` §4.13, §5.14): [`expand_to_fused`](mod@crate::expand_to_fused)
 //! for quantized rows: the data (FP8 / FP4 / any element type) and its per-token scale factors
 //! are permuted together.
 //!
@@ -8,7 +8,7 @@
 //! | `sf` | `(T, Hs)` | [`ScaleElement`]: fp32, or packed UE8M0 as int32 / [`Ue8m0x4`] | unit last stride (upstream: contiguous row-major) |
 //! | `num_per_channels` (`npc`) | `32` or `128` | | |
 //! | `use_tma_aligned_col_major_sf` | bool | | output sf layout; **must be true for packed sf** |
-//! | `token_topk_to_pos`, `pos_to_expert` | as in [`expand_to_fused`](crate::expand_to_fused) | i32 | |
+//! | `token_topk_to_pos`, `pos_to_expert` | as in [`expand_to_fused`](mod@crate::expand_to_fused) | i32 | |
 //! | output `out` | `(M, C)` | as `data` | contiguous |
 //! | output `out_sf` | logical `(M, Hs)` | as `sf` | below |
 //!
@@ -262,7 +262,7 @@ mod gpu {
 
     /// GPU `expand_to_fused_with_sf(data (T, C), sf (T, Hs), token_topk_to_pos (T, K),
     /// pos_to_expert (M,), params)` into new tensors (see the
-    /// [module docs](crate::expand_to_fused_with_sf)).
+    /// [module docs](mod@crate::expand_to_fused_with_sf)).
     ///
     /// Errors: those of [`ExpandToFusedWithSfParams::validate`];
     /// [`tk_core::TkError::Placement`] when the tensors are on different devices.

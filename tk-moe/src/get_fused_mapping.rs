@@ -42,14 +42,15 @@
 //!   (`((T·K + (a-1)·E) / a)·a`). Rows `Σ A_e .. M` are padding. `Capacity(0)` with no valid
 //!   entry is upstream's `force_no_sync` case. **Capacity too small**: the CPU returns
 //!   [`TkError::Param`] naming `num_expanded_tokens` (nothing is written); the GPU kernel
-//!   (pending) must not write out of bounds: every slot whose row would be `>= M` gets
+//!   never writes out of bounds: every slot whose row would be `>= M` gets
 //!   `token_topk_to_pos = -1` and no row, while `expert_start`, `expert_end` and
 //!   `num_tokens_per_expert` still report the full layout, so `expert_end[E-1] > M` tells the
 //!   caller (at its next sync) that the capacity was too small.
 //! * [`FusedRows::HostSync`] (opt-in convenience): `M = Σ_e A_e` exactly. On the GPU this is
-//!   upstream's `num_expanded_tokens = 0` path: the kernel runs on a buffer of
-//!   [`max_fused_rows`] rows, then the host reads the counts (**a device → host
-//!   synchronisation**) and trims. Not graph-capturable.
+//!   upstream's `num_expanded_tokens = 0` path (upstream runs on a buffer of [`max_fused_rows`]
+//!   rows, reads the counts back and trims). Ours reads `expert_end[E-1]` back after counting
+//!   (**a device → host synchronisation**) and then places the rows into maps of exactly `M`
+//!   rows. Not graph-capturable.
 //!
 //! **Index contract** ([`crate::index`]): entries must be `-1` or in `0..E`; anything else is an
 //! error on the CPU and is read as `-1` on the GPU. Upstream skips only `-1`, so another negative
@@ -292,7 +293,7 @@ mod gpu {
     }
 
     /// The seven mapping tensors on the device (int32, contiguous; meanings in
-    /// [`crate::get_fused_mapping`]).
+    /// [`crate::get_fused_mapping`](mod@crate::get_fused_mapping)).
     #[derive(Debug)]
     pub struct DeviceFusedMapping {
         /// `(M,)`: expert of each fused row, `-1` for padding.

@@ -99,7 +99,7 @@ mod gpu {
     }
 
     /// GPU `group_count(group_idx (T, K) i64) -> (G,)` i32 into a new tensor (see the
-    /// [module docs](crate::group_count)).
+    /// [module docs](mod@crate::group_count)).
     ///
     /// Errors: those of [`GroupCountParams::validate`].
     pub fn group_count(

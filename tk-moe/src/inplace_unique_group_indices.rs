@@ -102,7 +102,7 @@ mod gpu {
     }
 
     /// GPU `inplace_unique_group_indices(group_indices (T, K) i64)`, in place (see the
-    /// [module docs](crate::inplace_unique_group_indices)). Any row stride (unit last stride).
+    /// [module docs](mod@crate::inplace_unique_group_indices)). Any row stride (unit last stride).
     ///
     /// Errors: those of [`InplaceUniqueGroupIndicesParams::validate`].
     pub fn inplace_unique_group_indices(

@@ -5,11 +5,14 @@
 //! weighted FMA reduce back to tokens (optionally to FP8 e4m3), weight normalisation, id
 //! histograms, the load-balancing statistic `f_i`, per-token group dedupe and EP/TP masking.
 //!
-//! **Status:** the CPU side exists — each op's parameters and their validation (shared with the
-//! future GPU launch code), the index contract, and the CPU references
-//! ([`reference`](mod@reference), feature `cpu`, default), which are the correctness argument
-//! and the CPU backend. **The GPU kernels are pending**; they will be tested against these
-//! references bit for bit (every op here is exact or has a documented fp32 operation order).
+//! Every op has a GPU implementation (feature `cuda`, default: CUDA C++ in `cuda/<op>.cu`,
+//! compiled at run time by NVRTC and specialised on its shape constants) and a CPU reference
+//! ([`reference`](mod@reference), feature `cpu`, default), which is the correctness argument:
+//! the GPU ops are tested against it bit for bit (every op here is exact or has a documented
+//! fp32 operation order). GPU ops take device views, write caller-provided outputs (`*_into`,
+//! with allocating conveniences), never synchronise with the host (except the opt-in
+//! [`FusedRows::HostSync`] of `get_fused_mapping`) and read illegal indices as `-1`
+//! ([`index`]). [`registered_kernels`] and [`prewarm`] cover representative shapes.
 //!
 //! | module | contents |
 //! |---|---|

@@ -155,7 +155,7 @@ mod gpu {
     }
 
     /// GPU `mask_indices_by_tp(indices (T, K), params) -> (T, K)` of the same index type, into
-    /// a new tensor (see the [module docs](crate::mask_indices_by_tp)).
+    /// a new tensor (see the [module docs](mod@crate::mask_indices_by_tp)).
     ///
     /// Errors: those of [`MaskIndicesByTpParams::validate`].
     pub fn mask_indices_by_tp<I: IndexElement>(

@@ -69,7 +69,7 @@ mod gpu {
     }
 
     /// GPU `normalize_weight(topk_weights (T, K) fp32) -> (denominator (T,), normalized (T, K))`
-    /// into new tensors (see the [module docs](crate::normalize_weight)).
+    /// into new tensors (see the [module docs](mod@crate::normalize_weight)).
     ///
     /// Errors: those of [`NormalizeWeightParams::validate`].
     pub fn normalize_weight(

@@ -236,7 +236,7 @@ mod gpu {
     };
 
     /// The device tensor arguments of `reduce_fused` (shapes and rules in
-    /// [`crate::reduce_fused`]); built like the CPU's `ReduceFusedInputs`.
+    /// [`crate::reduce_fused`](mod@crate::reduce_fused)); built like the CPU's `ReduceFusedInputs`.
     #[derive(Debug, Clone)]
     pub struct DeviceReduceFusedInputs<'a, T> {
         /// `x (M, H)`: the fused buffer.
@@ -364,7 +364,7 @@ mod gpu {
     }
 
     /// GPU `reduce_fused` with output in `x`'s dtype (`fp8_format = ''`): a new contiguous
-    /// `(T, H)` tensor (see the [module docs](crate::reduce_fused)).
+    /// `(T, H)` tensor (see the [module docs](mod@crate::reduce_fused)).
     ///
     /// Errors: those of [`ReduceFusedParams::validate`] (`sf` is an error here);
     /// [`tk_core::TkError::Placement`] when the tensors are on different devices.

@@ -7,7 +7,7 @@ use crate::get_fused_mapping::{segment_len, FusedRows, GetFusedMappingParams};
 use crate::index::check_indices;
 
 /// The seven mapping tensors of `get_fused_mapping`, in upstream's order (all int32,
-/// contiguous; meanings in [`crate::get_fused_mapping`]).
+/// contiguous; meanings in [`crate::get_fused_mapping`](mod@crate::get_fused_mapping)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FusedMapping {
     /// `(M,)`: expert of each fused row, `-1` for padding.
@@ -40,7 +40,7 @@ impl FusedMapping {
 }
 
 /// CPU `get_fused_mapping(topk_idx (T, K) i64, params) -> FusedMapping` (§4.11). Rows inside a
-/// segment are in ascending flat index `t·K + k` (see [`crate::get_fused_mapping`] for every
+/// segment are in ascending flat index `t·K + k` (see [`crate::get_fused_mapping`](mod@crate::get_fused_mapping) for every
 /// rule).
 ///
 /// Errors: those of [`GetFusedMappingParams::validate`]; [`TkError::Param`] naming `topk_idx`

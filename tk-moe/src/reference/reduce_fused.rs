@@ -10,7 +10,7 @@ use crate::reduce_fused::{
 };
 
 /// The tensor arguments of [`reduce_fused`] / [`reduce_fused_e4m3`] (shapes and rules in
-/// [`crate::reduce_fused`]).
+/// [`crate::reduce_fused`](mod@crate::reduce_fused)).
 #[derive(Debug, Clone)]
 pub struct ReduceFusedInputs<'a, T> {
     /// `x (M, H)`: the fused buffer.
@@ -114,7 +114,7 @@ fn reduce_f32<T: ReduceElement>(
 }
 
 /// CPU `reduce_fused` with output in `x`'s dtype (`fp8_format = ''`, §4.14): per token, the
-/// FMA accumulation in slot order of [`crate::reduce_fused`], rounded RNE to `T`.
+/// FMA accumulation in slot order of [`crate::reduce_fused`](mod@crate::reduce_fused), rounded RNE to `T`.
 ///
 /// Errors: those of [`ReduceFusedParams::validate`] (`sf` given is an error here), and
 /// [`tk_core::TkError::Param`] naming `token_topk_to_pos` for an entry other than `-1` or
