@@ -8,9 +8,10 @@
 // layout's end between 2 and 3 to size the row maps):
 // 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
 //    [b*L, (b+1)*L) per expert into cnt[b, :].
-// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e])
-//    and A_e = align(c_e, a); an exclusive block scan of A_e gives expert_start; writes start,
-//    end and A_e, and turns cnt[b, e] into the first row of chunk b's entries of expert e.
+// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e],
+//    summed by up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of
+//    A_e gives expert_start; writes start, end and A_e, and turns cnt[b, e] into the first row
+//    of chunk b's entries of expert e.
 // 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
 //    order; an entry's row is base[e] + (same-expert entries in earlier warps of the tile, from
 //    per-warp counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
@@ -46,21 +47,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __rest
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)hist[e];
 }
 
-// cnt: (B + 1, E) i32; rows 0..B in: chunk counts, out: first row of each chunk's entries
-// (saturated); row B out: c_e (the raw counts);
-// expert_start, expert_end, num_tokens_per_expert: (E,) i32. One block of 1024 threads.
-extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
-                                                                 i32* __restrict__ expert_start,
-                                                                 i32* __restrict__ expert_end,
-                                                                 i32* __restrict__ num_tokens_per_expert) {
-    __shared__ i64 warp_sums[32];
-    const u32 e = threadIdx.x, lane = e % 32, warp = e / 32;
-    i64 total = 0;
-    if (e < TK_E)
-        for (u64 b = 0; b < B; ++b) total += cnt[b * TK_E + e];
-    const i64 seg = (total + a - 1) / a * a;  // A_e
-    // Exclusive block scan of seg: inclusive within the warp, then over the warp totals.
-    i64 incl = seg;
+// Threads per expert in tk_fused_scan: a power of two <= 32 (one warp segment) with
+// E_pad * G <= 1024, E_pad the next power of two >= E.
+__host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
+constexpr int SCAN_G = 1024 / pow2_at_least(TK_E) < 32 ? 1024 / pow2_at_least(TK_E) : 32;
+
+// Exclusive block scan (1024 threads) of one i64 per thread.
+__device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    i64 incl = v;
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
         const i64 o = __shfl_up_sync(0xffffffffu, incl, d);
@@ -69,24 +64,59 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        const u32 nw = blockDim.x / 32;
-        i64 s = lane < nw ? warp_sums[lane] : 0;
+        i64 s = warp_sums[lane];
 #pragma unroll
         for (int d = 1; d < 32; d *= 2) {
             const i64 o = __shfl_up_sync(0xffffffffu, s, d);
             if (lane >= d) s += o;
         }
-        if (lane < nw) warp_sums[lane] = s;  // inclusive over warps
+        warp_sums[lane] = s;  // inclusive over warps
     }
     __syncthreads();
-    const i64 start = incl - seg + (warp > 0 ? warp_sums[warp - 1] : 0);
-    if (e >= TK_E) return;
-    cnt[B * TK_E + e] = (i32)total;  // <= T*K <= INT32_MAX
-    expert_start[e] = sat_i32(start);
-    expert_end[e] = sat_i32(start + seg);
-    num_tokens_per_expert[e] = sat_i32(seg);
-    i64 run = start;
-    for (u64 b = 0; b < B; ++b) {
+    return incl - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+}
+
+// cnt: (B + 1, E) i32; rows 0..B in: chunk counts, out: first row of each chunk's entries
+// (saturated); row B out: c_e (the raw counts); expert_start, expert_end,
+// num_tokens_per_expert: (E,) i32. One block of 1024 threads: SCAN_G consecutive threads per
+// expert (a warp segment) share its B chunks, scan their partial sums with shuffles, and one
+// block scan over the experts gives the segment starts.
+extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
+                                                                 i32* __restrict__ expert_start,
+                                                                 i32* __restrict__ expert_end,
+                                                                 i32* __restrict__ num_tokens_per_expert) {
+    __shared__ i64 warp_sums[32];
+    __shared__ i64 seg[1024];  // (E,) A_e, then expert_start
+    const u32 e = threadIdx.x / SCAN_G, s = threadIdx.x % SCAN_G;
+    const bool active = e < TK_E;
+    const u64 per = (B + SCAN_G - 1) / SCAN_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
+    i64 local = 0;  // this thread's chunks of expert e
+    if (active)
+        for (u64 b = b0; b < b1; ++b) local += cnt[b * TK_E + e];
+    i64 incl = local;  // inclusive scan within the expert's segment of SCAN_G lanes
+#pragma unroll
+    for (int d = 1; d < SCAN_G; d *= 2) {
+        const i64 o = __shfl_up_sync(0xffffffffu, incl, d, SCAN_G);
+        if (s >= d) incl += o;
+    }
+    const i64 total = __shfl_sync(0xffffffffu, incl, SCAN_G - 1, SCAN_G);  // c_e
+    const i64 len = (total + a - 1) / a * a;                               // A_e
+    if (active && s == 0) seg[e] = len;
+    __syncthreads();
+    const i64 start_t = block_exclusive_scan(threadIdx.x < TK_E ? seg[threadIdx.x] : 0, warp_sums);
+    __syncthreads();  // every seg[] read is done
+    if (threadIdx.x < TK_E) seg[threadIdx.x] = start_t;
+    __syncthreads();
+    if (!active) return;
+    const i64 start = seg[e];
+    if (s == 0) {
+        cnt[B * TK_E + e] = (i32)total;  // <= T*K <= INT32_MAX
+        expert_start[e] = sat_i32(start);
+        expert_end[e] = sat_i32(start + len);
+        num_tokens_per_expert[e] = sat_i32(len);
+    }
+    i64 run = start + incl - local;
+    for (u64 b = b0; b < b1; ++b) {
         const i32 c = cnt[b * TK_E + e];
         cnt[b * TK_E + e] = sat_i32(run);
         run += c;

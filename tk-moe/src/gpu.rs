@@ -8,8 +8,12 @@ use tk_core::{Device, DeviceViewMut, Element, Layout, Result, TkError};
 /// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
 pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
 
-/// Threads per block of every kernel but `tk_fused_scan`.
+/// Threads per block of every kernel but `tk_fused_scan` and the one-thread-per-row kernels.
 pub(crate) const THREADS: u32 = 256;
+
+/// Threads per block of the one-thread-per-row kernels (`normalize_weight`,
+/// `inplace_unique_group_indices`): small blocks spread the few rows over more SMs.
+pub(crate) const ROW_THREADS: u32 = 128;
 
 /// Checks that the output `arg` has exactly `shape` and is contiguous.
 pub(crate) fn check_out(arg: &'static str, layout: &Layout, shape: &[usize]) -> Result<()> {

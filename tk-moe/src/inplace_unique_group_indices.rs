@@ -72,7 +72,7 @@ mod gpu {
     use tk_core::{DeviceViewMut, KernelSource, KernelSpec, Result};
 
     use super::InplaceUniqueGroupIndicesParams;
-    use crate::gpu::{blocks, config, row_stride, HEADERS, THREADS};
+    use crate::gpu::{blocks, config, row_stride, HEADERS, ROW_THREADS};
 
     static SOURCE: KernelSource = KernelSource {
         file: "inplace_unique_group_indices.cu",
@@ -121,7 +121,7 @@ mod gpu {
         l.arg(&idx).arg(&ld).arg(&t64);
         // SAFETY: thread t < T reads and writes group_indices[t, 0..K] only (the validated
         // view); the buffer outlives the launch.
-        unsafe { l.launch(config(blocks(t, THREADS as usize), THREADS)) }
+        unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
             .ctx("launching tk_inplace_unique_group_indices")?;
         Ok(())
     }

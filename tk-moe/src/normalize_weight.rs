@@ -47,7 +47,7 @@ mod gpu {
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
     use super::NormalizeWeightParams;
-    use crate::gpu::{blocks, check_device, check_out, config, row_stride, HEADERS, THREADS};
+    use crate::gpu::{blocks, check_device, check_out, config, row_stride, HEADERS, ROW_THREADS};
 
     static SOURCE: KernelSource = KernelSource {
         file: "normalize_weight.cu",
@@ -112,7 +112,7 @@ mod gpu {
         l.arg(&den).arg(&out).arg(&w).arg(&ld).arg(&t64);
         // SAFETY: thread t < T reads w[t, 0..K] (the validated view) and writes den[t] and
         // out[t, 0..K] (checked contiguous outputs); the buffers outlive the launch.
-        unsafe { l.launch(config(blocks(t, THREADS as usize), THREADS)) }
+        unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
             .ctx("launching tk_normalize_weight")?;
         Ok(())
     }
