@@ -19,14 +19,18 @@ __device__ __forceinline__ i64 legal_or_minus_one(I v, i64 upper) {
 }
 
 // Counts the legal entries of idx (T, K) row stride `ld` (elements) with flat index in
-// [begin, end) into the shared histogram `hist` (`bins` counters, zeroed by the caller).
-// Shared-memory atomics: the counts are exact integers, independent of the order.
+// [begin, end) (step `step`) into the counters `hist` (`bins` of them, zeroed by the caller;
+// shared or global memory). Warp-aggregated atomics: the lanes holding the same id add their
+// number once (ids are few, so plain atomics would serialise on the same address). Integer
+// counts: exact and independent of the order.
 __device__ __forceinline__ void count_into(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K,
                                            u64 begin, u64 end, u64 step, i64 bins) {
+    const u32 lane = threadIdx.x % 32;
     for (u64 i = begin; i < end; i += step) {
         const u64 t = i / K, k = i % K;
         const i64 v = legal_or_minus_one(__ldg(idx + t * ld + k), bins);
-        if (v >= 0) atomicAdd(hist + v, 1u);
+        const u32 peers = __match_any_sync(__activemask(), (unsigned long long)v);
+        if (v >= 0 && lane == (u32)(__ffs(peers) - 1)) atomicAdd(hist + v, (u32)__popc(peers));
     }
 }
 

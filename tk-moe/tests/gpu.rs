@@ -973,7 +973,7 @@ fn gpu_reduce_fused_and_aux_fi_are_deterministic() {
         num_ep_ranks: 8,
     };
     let idx = topk_idx_for("gpu determinism", &p);
-    let d = reduce_data("determinism", &idx, 32, 2048, bf16::from_f32);
+    let d = reduce_data("determinism", &idx, 32, 512, bf16::from_f32);
     let (dx, dttp, dw, dxsf) = (
         up(&dev, &d.x),
         up(&dev, &d.ttp),
