@@ -4,11 +4,12 @@
 // Defines: TK_VEC (bytes per access: 16, 8, 4, 2 or 1, dividing the row bytes, the row pitch
 // and both base addresses), TK_K (slots per token).
 //
-// Two entries, launched in this order after the host zeroes `marks`:
-// * tk_expand_mark: marks[p] = 1 for every targeted row p (one thread per slot);
+// Two entries, launched in this order:
+// * tk_expand_mark: src[p] = t*K + k for every legal slot (t, k) targeting row p (one thread per
+//   slot; src is not initialised: see row_targeted in moe.cuh);
 // * tk_expand_to_fused: one warp per "task": tasks [0, T) copy token t's row to all its rows
 //   (the row is read once, written K times, TK_VEC-byte accesses, 4 in flight per lane),
-//   tasks [T, T + M) zero row p - T unless it is marked. A row is thus either copied or
+//   tasks [T, T + M) zero row p - T unless a slot targets it. A row is thus either copied or
 //   zeroed, never both, and every row of the output is written.
 #include "tk/moe.cuh"
 
@@ -24,21 +25,21 @@ typedef tk::uint_of_size<TK_VEC>::type vec_t;
 constexpr int WARPS = 8;                   // warps per block
 constexpr int KG = (TK_K + 31) / 32;       // groups of 32 slots
 
-// marks: (M,) u8, zero on entry; ttp: (T, K) i32 row stride ld_ttp.
-extern "C" __global__ void __launch_bounds__(256) tk_expand_mark(u8* __restrict__ marks, const i32* __restrict__ ttp,
+// src: (M,) u32; ttp: (T, K) i32 row stride ld_ttp.
+extern "C" __global__ void __launch_bounds__(256) tk_expand_mark(u32* __restrict__ src, const i32* __restrict__ ttp,
                                                                  u64 ld_ttp, u64 T, u64 M) {
     const u64 n = T * TK_K;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const i64 p = legal_or_minus_one(__ldg(ttp + (i / TK_K) * ld_ttp + i % TK_K), (i64)M);
-        if (p >= 0) marks[p] = 1;
+        if (p >= 0) src[p] = (u32)i;
     }
 }
 
 // out: (M, n) vectors, contiguous; x: (T, n) vectors, row stride ldx (vectors);
-// ttp: (T, K) i32 row stride ld_ttp; marks: (M,) u8 from tk_expand_mark.
+// ttp: (T, K) i32 row stride ld_ttp; src: (M,) u32 from tk_expand_mark.
 extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused(vec_t* __restrict__ out, const vec_t* __restrict__ x,
                                                                      u64 ldx, const i32* __restrict__ ttp, u64 ld_ttp,
-                                                                     const u8* __restrict__ marks, u64 T, u64 M, u64 n) {
+                                                                     const u32* __restrict__ src, u64 T, u64 M, u64 n) {
     const u32 lane = threadIdx.x % 32;
     for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < T + M; task += (u64)gridDim.x * WARPS) {
         if (task < T) {
@@ -51,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused(vec_t* __re
             warp_scatter_row<vec_t, 4, KG>(out, x + task * ldx, n, pos, TK_K, lane);
         } else {
             const u64 p = task - T;
-            if (!marks[p]) warp_zero_row(out + p * n, n, lane);
+            if (!row_targeted(src, ttp, ld_ttp, T, TK_K, M, p)) warp_zero_row(out + p * n, n, lane);
         }
     }
 }

@@ -6,10 +6,10 @@
 // TK_SF_COL (1: out_sf is column-major with leading dimension ld_osf = align(M, 4), whose
 // storage columns M .. ld_osf are zeroed too; 0: out_sf is row-major (M, hs)).
 //
-// Launched after tk_expand_mark (expand_to_fused.cu) has marked the targeted rows. One warp per
-// task: tasks [0, T) copy token t's data row (read once) and its hs scales to all its rows;
+// Launched after tk_expand_mark (expand_to_fused.cu) has recorded a slot of every targeted
+// row. One warp per task: tasks [0, T) copy token t's data row (read once) and its hs scales to all its rows;
 // tasks [T, T + R) zero row p = task - T (R = ld_osf for column-major scales, else M): the data
-// and scale row when p < M is unmarked, the storage-only scale row when p >= M.
+// and scale row when p < M is untargeted, the storage-only scale row when p >= M.
 #include "tk/moe.cuh"
 
 #ifndef TK_VEC
@@ -34,11 +34,11 @@ __device__ __forceinline__ u64 osf_index(u64 p, u64 j, u64 hs, u64 ld_osf) {
 
 // out: (M, n) vectors, contiguous; x: (T, n) vectors, row stride ldx (vectors);
 // out_sf: storage of the logical (M, hs) scales (see osf_index); sf: (T, hs) row stride ld_sf;
-// ttp: (T, K) i32 row stride ld_ttp; marks: (M,) u8.
+// ttp: (T, K) i32 row stride ld_ttp; src: (M,) u32 from tk_expand_mark.
 extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused_with_sf(
     vec_t* __restrict__ out, const vec_t* __restrict__ x, u64 ldx, u64 n, u32* __restrict__ out_sf,
     const u32* __restrict__ sf, u64 ld_sf, u64 hs, u64 ld_osf, const i32* __restrict__ ttp, u64 ld_ttp,
-    const u8* __restrict__ marks, u64 T, u64 M) {
+    const u32* __restrict__ src, u64 T, u64 M) {
     const u32 lane = threadIdx.x % 32;
     const u64 zero_rows = TK_SF_COL ? ld_osf : M;
     for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < T + zero_rows; task += (u64)gridDim.x * WARPS) {
@@ -66,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused_with_sf(
         } else {
             const u64 p = task - T;
             const bool data_row = p < M;
-            if (data_row && marks[p]) continue;
+            if (data_row && row_targeted(src, ttp, ld_ttp, T, TK_K, M, p)) continue;
             if (data_row) warp_zero_row(out + p * n, n, lane);
             for (u64 j = lane; j < hs; j += 32) out_sf[osf_index(p, j, hs, ld_osf)] = 0u;
         }

@@ -54,6 +54,18 @@ __device__ __forceinline__ void histogram(u32* __restrict__ counts, u32* hist, c
     }
 }
 
+// expand_to_fused(_with_sf): true when fused row p is targeted by a legal slot. src[p] is written
+// by tk_expand_mark (the flat slot i = t*K + k of one slot targeting p) for every targeted row
+// and left uninitialised otherwise; it must name a slot i < T*K whose position is p. A stale
+// value can only pass by naming a slot that does target p, so the answer is exact without
+// zero-initialising src.
+__device__ __forceinline__ bool row_targeted(const u32* __restrict__ src, const i32* __restrict__ ttp, u64 ld_ttp,
+                                             u64 T, u32 K, u64 M, u64 p) {
+    const u64 i = src[p];
+    if (i >= T * K) return false;
+    return legal_or_minus_one(__ldg(ttp + (i / K) * ld_ttp + i % K), (i64)M) == (i64)p;
+}
+
 // One warp copies a row of `n` vectors `src` to the rows `pos` (one per slot, -1 = none) of
 // `out` (rows of `n` vectors), UNROLL vectors per lane in flight. `pos_lane` holds, in lane j,
 // the row of slot k0 + j for each group of 32 slots (KG groups).

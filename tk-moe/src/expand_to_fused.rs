@@ -114,15 +114,18 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`).
 ///
-/// **Kernels** (`cuda/expand_to_fused.cu`): the output rows that some slot targets are marked in
-/// a zeroed `(M,)` byte scratch (a memset and a one-thread-per-slot kernel), then one warp per
-/// task either copies a token's row to all its fused rows (read once, written `K` times,
-/// 16-byte accesses when the rows allow) or zeroes an unmarked row. Every output row is written
+/// **Kernels** (`cuda/expand_to_fused.cu`): a one-thread-per-slot kernel records, for every
+/// targeted row, one slot that targets it in an `(M,)` scratch (not initialised: each entry is
+/// verified against `token_topk_to_pos` when read); then one warp per task either copies a
+/// token's row to all its fused rows (read once, written `K` times, 16-byte accesses when the
+/// rows allow) or zeroes a row that no slot targets. Every output row is written
 /// exactly once (copied or zeroed), whatever the mapping, also when `T == 0`.
 ///
 /// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
 /// is read as `-1` (skipped); nothing is read or written out of bounds. Colliding slots leave one
 /// of the copies (unspecified which); a targeted padding row holds the copy. No host sync.
+/// GPU limit beyond the validation: `T·K <= i32::MAX` ([`tk_core::TkError::Shape`] naming
+/// `token_topk_to_pos`).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -133,9 +136,9 @@ mod gpu {
     };
 
     use super::{ExpandShape, ExpandToFusedParams};
+    use crate::checks::check_flat_fits_i32;
     use crate::gpu::{
-        access_bytes, blocks, check_device, check_out, config, row_stride, zero_fill, HEADERS,
-        THREADS,
+        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, THREADS,
     };
 
     const CODE: &str = include_str!("../cuda/expand_to_fused.cu");
@@ -179,33 +182,35 @@ mod gpu {
             .collect()
     }
 
-    /// Enqueues the marks of the targeted rows: a new zeroed `(M,)` u8 tensor, `1` at every
-    /// legal `token_topk_to_pos` entry.
+    /// Enqueues the slot map of the targeted rows: a new `(M,)` u32 tensor (as i32) in which
+    /// every row that a legal slot targets holds the flat index `t·K + k` of one such slot; the
+    /// other entries are left uninitialised (the kernels verify each entry against
+    /// `token_topk_to_pos`, so no zero fill is needed).
     pub(crate) fn mark_rows(
         token_topk_to_pos: &DeviceView<'_, i32>,
         shape: &ExpandShape,
-    ) -> Result<DeviceTensor<u8>> {
+    ) -> Result<DeviceTensor<i32>> {
+        check_flat_fits_i32("token_topk_to_pos", shape.num_tokens, shape.num_topk)?;
         let dev = token_topk_to_pos.device();
-        let mut marks = dev.alloc::<u8>(&[shape.num_rows])?;
-        zero_fill(&mut marks.view_mut())?;
+        let mut src = dev.alloc::<i32>(&[shape.num_rows])?;
         let slots = shape.num_tokens * shape.num_topk;
         if slots == 0 {
-            return Ok(marks);
+            return Ok(src);
         }
         let f = dev.function(&mark_kernel_spec(shape.num_topk))?;
-        let marks_addr = marks.view_mut().address();
+        let src_addr = src.view_mut().address();
         let (ttp, ld) = (
             token_topk_to_pos.address(),
             row_stride(token_topk_to_pos.layout()),
         );
         let (t, m) = (shape.num_tokens as u64, shape.num_rows as u64);
         let mut l = dev.stream().launch_builder(&f);
-        l.arg(&marks_addr).arg(&ttp).arg(&ld).arg(&t).arg(&m);
+        l.arg(&src_addr).arg(&ttp).arg(&ld).arg(&t).arg(&m);
         // SAFETY: the kernel reads token_topk_to_pos[t, k] for t < T, k < K (the validated view)
-        // and writes marks[p] only for 0 <= p < M (the (M,) buffer just allocated).
+        // and writes src[p] only for 0 <= p < M (the (M,) buffer just allocated).
         unsafe { l.launch(config(blocks(slots, THREADS as usize), THREADS)) }
             .ctx("launching tk_expand_mark")?;
-        Ok(marks)
+        Ok(src)
     }
 
     /// GPU `expand_to_fused(x (T, H), token_topk_to_pos (T, K) i32, pos_to_expert (M,) i32)`
@@ -253,7 +258,7 @@ mod gpu {
         if shape.num_rows == 0 || row_bytes == 0 {
             return Ok(());
         }
-        let marks = mark_rows(token_topk_to_pos, &shape)?;
+        let src = mark_rows(token_topk_to_pos, &shape)?;
         let (x_addr, out_addr) = (x.address(), out.address());
         let ldx_bytes = row_stride(x.layout()) * size;
         let access = access_bytes(&[x_addr, out_addr, ldx_bytes, row_bytes]);
@@ -263,7 +268,7 @@ mod gpu {
             token_topk_to_pos.address(),
             row_stride(token_topk_to_pos.layout()),
         );
-        let marks_addr = marks.view().address();
+        let src_addr = src.view().address();
         let (t, m) = (shape.num_tokens as u64, shape.num_rows as u64);
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
@@ -271,14 +276,15 @@ mod gpu {
             .arg(&ldx)
             .arg(&ttp)
             .arg(&ld_ttp)
-            .arg(&marks_addr)
+            .arg(&src_addr)
             .arg(&t)
             .arg(&m)
             .arg(&n);
         // SAFETY: the validated views bound every access: x rows t < T of n accesses at pitch
-        // ldx, token_topk_to_pos (T, K), marks (M,), and out rows p < M only (entries outside
+        // ldx, token_topk_to_pos (T, K) (also at the slots named by src, checked < T·K in the
+        // kernel), src (M,), and out rows p < M only (entries outside
         // 0..M are skipped by the kernel); the access width divides every address, pitch and row
-        // length; all buffers outlive the stream-ordered launch (marks is freed in stream order).
+        // length; all buffers outlive the stream-ordered launch (src is freed in stream order).
         unsafe {
             l.launch(config(
                 blocks(shape.num_tokens + shape.num_rows, 8),

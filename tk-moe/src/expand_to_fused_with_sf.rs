@@ -189,14 +189,14 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`).
 ///
-/// **Kernels** (`cuda/expand_to_fused_with_sf.cu`): the targeted rows are marked as in
-/// [`expand_to_fused`](crate::expand_to_fused()), then one warp per task copies a token's data
-/// row (16-byte accesses when the rows allow) and its `Hs` scale words to all its fused rows, or
-/// zeroes an unmarked row in both tensors (and, column-major, the storage columns
+/// **Kernels** (`cuda/expand_to_fused_with_sf.cu`): a slot of every targeted row is recorded as
+/// in [`expand_to_fused`](crate::expand_to_fused()), then one warp per task copies a token's
+/// data row (16-byte accesses when the rows allow) and its `Hs` scale words to all its fused
+/// rows, or zeroes a row that no slot targets in both tensors (and, column-major, the storage columns
 /// `M .. align(M, 4)`). Every element of `out` and of `out_sf`'s storage is written exactly once.
 ///
 /// **Index contract on the GPU**: as `expand_to_fused` (illegal entries read as `-1`, never an
-/// out-of-bounds access). No host sync.
+/// out-of-bounds access; `T·K <= i32::MAX`). No host sync.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -342,7 +342,7 @@ mod gpu {
         if storage_len == 0 && (m == 0 || shape.data.columns == 0) {
             return Ok(());
         }
-        let marks = mark_rows(token_topk_to_pos, &shape.data)?;
+        let src = mark_rows(token_topk_to_pos, &shape.data)?;
         let size = std::mem::size_of::<D>() as u64;
         let row_bytes = shape.data.columns as u64 * size;
         let (x_addr, out_addr) = (data.address(), out.address());
@@ -362,7 +362,7 @@ mod gpu {
             token_topk_to_pos.address(),
             row_stride(token_topk_to_pos.layout()),
         );
-        let marks_addr = marks.view().address();
+        let src_addr = src.view().address();
         let (t, m64) = (shape.data.num_tokens as u64, m as u64);
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
@@ -376,12 +376,13 @@ mod gpu {
             .arg(&ld_osf)
             .arg(&ttp)
             .arg(&ld_ttp)
-            .arg(&marks_addr)
+            .arg(&src_addr)
             .arg(&t)
             .arg(&m64);
         let zero_rows = if col { ld_osf as usize } else { m };
         // SAFETY: the validated views bound every access: data rows t < T (n accesses at pitch
-        // ldx), sf (T, Hs) at pitch ld_sf, token_topk_to_pos (T, K), marks (M,); out rows p < M
+        // ldx), sf (T, Hs) at pitch ld_sf, token_topk_to_pos (T, K) (also at the slots named by src, checked < T·K in the kernel),
+        // src (M,); out rows p < M
         // and out_sf storage offsets p·Hs + j (row-major, p < M) or j·align(M, 4) + p
         // (column-major, p < align(M, 4)), all inside the checked storage length; entries outside
         // 0..M are skipped by the kernel; the access width divides every address, pitch and row
