@@ -63,6 +63,38 @@
 //! # main().unwrap();
 //! # }
 //! ```
+//!
+//! On the GPU (feature `cuda`) the same chain, graph-safe (no host synchronisation):
+//!
+//! ```no_run
+//! # #[cfg(feature = "cuda")] {
+//! use tk_core::{testing::Rng, Device, HostTensor};
+//! use tk_moe::{max_fused_rows, DeviceReduceFusedInputs, GetFusedMappingParams};
+//!
+//! # fn main() -> tk_core::Result<()> {
+//! let dev = Device::new(0)?;
+//! let (t, k, e, h) = (4096, 8, 32, 7168);
+//! let mut rng = Rng::new(0);
+//! let idx = HostTensor::<i64>::from_fn(&[t, k], |i| ((i * 7) % e) as i64);
+//! let x = rng.randn(&[t, h], half::bf16::from_f32);
+//! let (idx, x) = (dev.upload(&idx)?, dev.upload(&x)?);
+//! // A capacity that always suffices: no host sync, capturable in a CUDA graph.
+//! let m = max_fused_rows(t, k, e, 128).unwrap();
+//! let map = tk_moe::get_fused_mapping(&idx.view(), &GetFusedMappingParams::new(e, 128, m))?;
+//! let fused = tk_moe::expand_to_fused(
+//!     &x.view(),
+//!     &map.token_topk_to_pos.view(),
+//!     &map.pos_to_expert.view(),
+//! )?;
+//! // ... grouped expert GEMMs over the segments [expert_start[e], expert_end[e]) ...
+//! let y = tk_moe::reduce_fused(&DeviceReduceFusedInputs::new(
+//!     fused.view(),
+//!     map.token_topk_to_pos.view(),
+//! ))?; // (t, h) bf16: the sum of each token's K copies
+//! # let _ = y;
+//! # Ok(()) }
+//! # }
+//! ```
 
 // Without the CPU backend the links to it in these docs have no target.
 #![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
