@@ -178,5 +178,6 @@ pub use reduce_fused::{
     DeviceReduceFusedInputs,
 };
 pub use reduce_fused::{
-    ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceFusedShape, ReduceOut,
+    ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceFusedShape, ReduceFusedTensors,
+    ReduceOut, ViewLayout,
 };

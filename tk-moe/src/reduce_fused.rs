@@ -105,6 +105,84 @@ pub struct ReduceFusedLayouts<'a> {
     pub sf: Option<&'a Layout>,
 }
 
+/// A tensor view that knows its layout (host and device views alike).
+pub trait ViewLayout {
+    /// The view's layout.
+    fn view_layout(&self) -> &Layout;
+}
+
+impl<T: Element> ViewLayout for tk_core::HostView<'_, T> {
+    fn view_layout(&self) -> &Layout {
+        self.layout()
+    }
+}
+
+impl<T: Element> ViewLayout for tk_core::DeviceView<'_, T> {
+    fn view_layout(&self) -> &Layout {
+        self.layout()
+    }
+}
+
+/// The tensor arguments of one `reduce_fused` call (shapes and rules in the module docs),
+/// generic over the kind of view: `X` for `x (M, H)`, `F` for the fp32 tensors, `I` for the
+/// int32 map. The CPU uses [`ReduceFusedInputs`](crate::reference::ReduceFusedInputs) (host
+/// views), the GPU `DeviceReduceFusedInputs` (device views).
+#[derive(Debug, Clone)]
+pub struct ReduceFusedTensors<X, F, I> {
+    /// `x (M, H)`: the fused buffer.
+    pub x: X,
+    /// `x_sf (M,)` fp32: one scale per fused row, applied to the slot's weight.
+    pub x_sf: Option<F>,
+    /// `topk_weights (T, K)` fp32; absent = weight `1.0`.
+    pub topk_weights: Option<F>,
+    /// `token_topk_to_pos (T, K)` i32.
+    pub token_topk_to_pos: I,
+    /// `sf (1,)` fp32: global output multiplier (e4m3 output only).
+    pub sf: Option<F>,
+}
+
+impl<X: ViewLayout, F: ViewLayout, I: ViewLayout> ReduceFusedTensors<X, F, I> {
+    /// Just `x (M, H)` and the map `(T, K)` (unit weights, no scales).
+    pub fn new(x: X, token_topk_to_pos: I) -> Self {
+        Self {
+            x,
+            x_sf: None,
+            topk_weights: None,
+            token_topk_to_pos,
+            sf: None,
+        }
+    }
+
+    /// Adds the per-slot weights `(T, K)` fp32.
+    pub fn with_weights(mut self, topk_weights: F) -> Self {
+        self.topk_weights = Some(topk_weights);
+        self
+    }
+
+    /// Adds the per-row input scales `(M,)` fp32.
+    pub fn with_x_sf(mut self, x_sf: F) -> Self {
+        self.x_sf = Some(x_sf);
+        self
+    }
+
+    /// Adds the global output scale `(1,)` fp32 (e4m3 output only).
+    pub fn with_sf(mut self, sf: F) -> Self {
+        self.sf = Some(sf);
+        self
+    }
+
+    /// The layouts, for [`ReduceFusedParams::validate`].
+    pub fn layouts(&self) -> ReduceFusedLayouts<'_> {
+        ReduceFusedLayouts {
+            x: self.x.view_layout(),
+            x_sf: self.x_sf.as_ref().map(|v| v.view_layout()),
+            topk_weights: self.topk_weights.as_ref().map(|v| v.view_layout()),
+            token_topk_to_pos: self.token_topk_to_pos.view_layout(),
+            sf: self.sf.as_ref().map(|v| v.view_layout()),
+        }
+    }
+}
+
 /// The validated geometry of one `reduce_fused` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReduceFusedShape {
@@ -222,7 +300,7 @@ mod gpu {
         DType, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Result,
     };
 
-    use super::{ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceOut};
+    use super::{ReduceElement, ReduceFusedParams, ReduceFusedTensors, ReduceOut};
     use crate::gpu::{
         access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, THREADS,
     };
@@ -235,62 +313,9 @@ mod gpu {
         needs_cuda_headers: true,
     };
 
-    /// The device tensor arguments of `reduce_fused` (shapes and rules in
-    /// [`crate::reduce_fused`](mod@crate::reduce_fused)); built like the CPU's `ReduceFusedInputs`.
-    #[derive(Debug, Clone)]
-    pub struct DeviceReduceFusedInputs<'a, T> {
-        /// `x (M, H)`: the fused buffer.
-        pub x: DeviceView<'a, T>,
-        /// `x_sf (M,)` fp32: one scale per fused row, applied to the slot's weight.
-        pub x_sf: Option<DeviceView<'a, f32>>,
-        /// `topk_weights (T, K)` fp32; absent = weight `1.0`.
-        pub topk_weights: Option<DeviceView<'a, f32>>,
-        /// `token_topk_to_pos (T, K)` i32.
-        pub token_topk_to_pos: DeviceView<'a, i32>,
-        /// `sf (1,)` fp32: global output multiplier (e4m3 output only).
-        pub sf: Option<DeviceView<'a, f32>>,
-    }
-
-    impl<'a, T: ReduceElement> DeviceReduceFusedInputs<'a, T> {
-        /// Just `x (M, H)` and the map `(T, K)` (unit weights, no scales).
-        pub fn new(x: DeviceView<'a, T>, token_topk_to_pos: DeviceView<'a, i32>) -> Self {
-            Self {
-                x,
-                x_sf: None,
-                topk_weights: None,
-                token_topk_to_pos,
-                sf: None,
-            }
-        }
-
-        /// Adds the per-slot weights `(T, K)` fp32.
-        pub fn with_weights(mut self, topk_weights: DeviceView<'a, f32>) -> Self {
-            self.topk_weights = Some(topk_weights);
-            self
-        }
-
-        /// Adds the per-row input scales `(M,)` fp32.
-        pub fn with_x_sf(mut self, x_sf: DeviceView<'a, f32>) -> Self {
-            self.x_sf = Some(x_sf);
-            self
-        }
-
-        /// Adds the global output scale `(1,)` fp32 (e4m3 output only).
-        pub fn with_sf(mut self, sf: DeviceView<'a, f32>) -> Self {
-            self.sf = Some(sf);
-            self
-        }
-
-        fn layouts(&self) -> ReduceFusedLayouts<'_> {
-            ReduceFusedLayouts {
-                x: self.x.layout(),
-                x_sf: self.x_sf.as_ref().map(|v| v.layout()),
-                topk_weights: self.topk_weights.as_ref().map(|v| v.layout()),
-                token_topk_to_pos: self.token_topk_to_pos.layout(),
-                sf: self.sf.as_ref().map(|v| v.layout()),
-            }
-        }
-    }
+    /// The device tensor arguments of `reduce_fused`: [`ReduceFusedTensors`] of device views.
+    pub type DeviceReduceFusedInputs<'a, T> =
+        ReduceFusedTensors<DeviceView<'a, T>, DeviceView<'a, f32>, DeviceView<'a, i32>>;
 
     /// Which optional inputs a specialisation reads.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
