@@ -76,6 +76,63 @@ pub enum FusedRows {
     HostSync,
 }
 
+/// The seven mapping tensors of `get_fused_mapping`, in upstream's order (all int32,
+/// contiguous; meanings in the module docs), generic over the tensor kind: the CPU's
+/// [`FusedMapping`](crate::reference::FusedMapping) (host tensors) and the GPU's
+/// `DeviceFusedMapping` (device tensors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedMaps<Tn> {
+    /// `(M,)`: expert of each fused row, `-1` for padding.
+    pub pos_to_expert: Tn,
+    /// `(M,)`: token of each fused row, `-1` for padding.
+    pub pos_to_token: Tn,
+    /// `(M,)`: flat slot `t·K + k` of each fused row, `-1` for padding.
+    pub pos_to_token_topk: Tn,
+    /// `(T, K)`: fused row of each slot, `-1` for `-1` slots.
+    pub token_topk_to_pos: Tn,
+    /// `(E,)`: first row of each expert's segment.
+    pub expert_start: Tn,
+    /// `(E,)`: one past the last row of each expert's segment.
+    pub expert_end: Tn,
+    /// `(E,)`: padded segment lengths `align(c_e, a)`.
+    pub num_tokens_per_expert: Tn,
+}
+
+impl<Tn> FusedMaps<Tn> {
+    /// The seven tensors with their argument names, in order.
+    pub fn named(&self) -> [(&'static str, &Tn); 7] {
+        [
+            ("pos_to_expert", &self.pos_to_expert),
+            ("pos_to_token", &self.pos_to_token),
+            ("pos_to_token_topk", &self.pos_to_token_topk),
+            ("token_topk_to_pos", &self.token_topk_to_pos),
+            ("expert_start", &self.expert_start),
+            ("expert_end", &self.expert_end),
+            ("num_tokens_per_expert", &self.num_tokens_per_expert),
+        ]
+    }
+
+    /// Applies `f` to each tensor (e.g. a download), keeping the order.
+    pub fn try_map<U, E>(&self, mut f: impl FnMut(&Tn) -> Result<U, E>) -> Result<FusedMaps<U>, E> {
+        Ok(FusedMaps {
+            pos_to_expert: f(&self.pos_to_expert)?,
+            pos_to_token: f(&self.pos_to_token)?,
+            pos_to_token_topk: f(&self.pos_to_token_topk)?,
+            token_topk_to_pos: f(&self.token_topk_to_pos)?,
+            expert_start: f(&self.expert_start)?,
+            expert_end: f(&self.expert_end)?,
+            num_tokens_per_expert: f(&self.num_tokens_per_expert)?,
+        })
+    }
+}
+
+impl<T: tk_core::Element> FusedMaps<tk_core::HostTensor<T>> {
+    /// `M`: rows of the fused buffer.
+    pub fn num_rows(&self) -> usize {
+        self.pos_to_expert.shape()[0]
+    }
+}
+
 /// The parameters of `get_fused_mapping`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GetFusedMappingParams {
@@ -249,7 +306,7 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
 
-    use super::{FusedMappingShape, FusedRows, GetFusedMappingParams};
+    use super::{FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams};
     use crate::gpu::{check_device, check_out, config, row_stride, HEADERS, THREADS};
 
     const CODE: &str = include_str!("../cuda/get_fused_mapping.cu");
@@ -292,27 +349,10 @@ mod gpu {
         v
     }
 
-    /// The seven mapping tensors on the device (int32, contiguous; meanings in
-    /// [`crate::get_fused_mapping`](mod@crate::get_fused_mapping)).
-    #[derive(Debug)]
-    pub struct DeviceFusedMapping {
-        /// `(M,)`: expert of each fused row, `-1` for padding.
-        pub pos_to_expert: DeviceTensor<i32>,
-        /// `(M,)`: token of each fused row, `-1` for padding.
-        pub pos_to_token: DeviceTensor<i32>,
-        /// `(M,)`: flat slot `t·K + k` of each fused row, `-1` for padding.
-        pub pos_to_token_topk: DeviceTensor<i32>,
-        /// `(T, K)`: fused row of each slot, `-1` for `-1` slots.
-        pub token_topk_to_pos: DeviceTensor<i32>,
-        /// `(E,)`: first row of each expert's segment.
-        pub expert_start: DeviceTensor<i32>,
-        /// `(E,)`: one past the last row of each expert's segment.
-        pub expert_end: DeviceTensor<i32>,
-        /// `(E,)`: padded segment lengths `align(c_e, a)`.
-        pub num_tokens_per_expert: DeviceTensor<i32>,
-    }
+    /// The seven mapping tensors on the device ([`FusedMaps`] of device tensors).
+    pub type DeviceFusedMapping = FusedMaps<DeviceTensor<i32>>;
 
-    impl DeviceFusedMapping {
+    impl FusedMaps<DeviceTensor<i32>> {
         /// Allocates (uninitialised) outputs for `T` tokens, `K` slots, `E` experts and `M` rows.
         pub fn alloc(dev: &Device, t: usize, k: usize, e: usize, m: usize) -> Result<Self> {
             Ok(Self {
@@ -332,29 +372,8 @@ mod gpu {
         }
 
         /// Copies the seven tensors to the host (synchronises the stream).
-        #[cfg(feature = "cpu")]
-        pub fn to_host(&self) -> Result<crate::reference::FusedMapping> {
-            Ok(crate::reference::FusedMapping {
-                pos_to_expert: self.pos_to_expert.to_host()?,
-                pos_to_token: self.pos_to_token.to_host()?,
-                pos_to_token_topk: self.pos_to_token_topk.to_host()?,
-                token_topk_to_pos: self.token_topk_to_pos.to_host()?,
-                expert_start: self.expert_start.to_host()?,
-                expert_end: self.expert_end.to_host()?,
-                num_tokens_per_expert: self.num_tokens_per_expert.to_host()?,
-            })
-        }
-
-        fn tensors(&self) -> [(&'static str, &DeviceTensor<i32>); 7] {
-            [
-                ("pos_to_expert", &self.pos_to_expert),
-                ("pos_to_token", &self.pos_to_token),
-                ("pos_to_token_topk", &self.pos_to_token_topk),
-                ("token_topk_to_pos", &self.token_topk_to_pos),
-                ("expert_start", &self.expert_start),
-                ("expert_end", &self.expert_end),
-                ("num_tokens_per_expert", &self.num_tokens_per_expert),
-            ]
+        pub fn to_host(&self) -> Result<FusedMaps<tk_core::HostTensor<i32>>> {
+            self.try_map(|x| x.to_host())
         }
     }
 
@@ -437,7 +456,7 @@ mod gpu {
         m: usize,
         out: &DeviceFusedMapping,
     ) -> Result<()> {
-        for (arg, tensor) in out.tensors() {
+        for (arg, tensor) in out.named() {
             check_device(arg, dev, tensor.device())?;
             let want: Vec<usize> = match arg {
                 "pos_to_expert" | "pos_to_token" | "pos_to_token_topk" => vec![m],

@@ -157,7 +157,8 @@ pub use expand_to_fused_with_sf::{ExpandToFusedWithSfParams, ExpandWithSfShape, 
 #[cfg(feature = "cuda")]
 pub use get_fused_mapping::{get_fused_mapping, get_fused_mapping_into, DeviceFusedMapping};
 pub use get_fused_mapping::{
-    max_fused_rows, segment_len, FusedMappingShape, FusedRows, GetFusedMappingParams, MAX_EXPERTS,
+    max_fused_rows, segment_len, FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams,
+    MAX_EXPERTS,
 };
 pub use group_count::GroupCountParams;
 #[cfg(feature = "cuda")]
