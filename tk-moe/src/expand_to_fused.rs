@@ -166,7 +166,8 @@ mod gpu {
             .define("TK_K", num_topk)
     }
 
-    /// The row-marking kernel for `num_topk` slots (shared with `expand_to_fused_with_sf`).
+    /// The kernel recording one targeting slot per fused row, for `num_topk` slots (shared with
+    /// `expand_to_fused_with_sf`).
     pub fn mark_kernel_spec(num_topk: usize) -> KernelSpec {
         KernelSpec::new(&MARK)
             .define("TK_VEC", 1)
