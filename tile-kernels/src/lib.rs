@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `transpose` (default) | [`tk_transpose`] | `transpose`, `batched_transpose` |
 //! | `quant` (default) | [`tk_quant`] | scale layouts and the CPU references of the casts (GPU kernels pending) |
-//! | `moe` (default) | [`tk_moe`] | CPU references of `get_fused_mapping`, `expand_to_fused(_with_sf)`, `reduce_fused`, `normalize_weight`, `group_count`, `aux_fi`, `inplace_unique_group_indices`, `mask_indices_by_tp` (GPU kernels pending) |
+//! | `moe` (default) | [`tk_moe`] | `get_fused_mapping`, `expand_to_fused(_with_sf)`, `reduce_fused`, `normalize_weight`, `group_count`, `aux_fi`, `inplace_unique_group_indices`, `mask_indices_by_tp` (GPU kernels and CPU references) |
 //! | `gating` (default) | [`tk_gating`] | scoring functions; `topk_gate`, `topk_sum_and_topk_group_idx`, `top2_sum_gate` on the GPU, with CPU references |
 //!
 //! The core types (devices, tensors, dtypes, errors) are re-exported from [`tk_core`] as
@@ -55,5 +55,7 @@ pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
             .into_iter()
             .map(|s| ("gating", s)),
     );
+    #[cfg(feature = "moe")]
+    v.extend(tk_moe::registered_kernels().into_iter().map(|s| ("moe", s)));
     v
 }

@@ -79,3 +79,110 @@ impl AuxFiParams {
         Ok(tk)
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/aux_fi.cu`): a `(E + 1,)` int32 scratch is
+/// zeroed (one memset), the ids are counted exactly as in `group_count`, and the last block to
+/// finish (a ticket counter) applies the formula once per expert: `fp32(c_e·E)` (one RNE
+/// conversion of the exact 64-bit product) divided (`__fdiv_rn`) by `fp32(T·num_aux_topk)`
+/// computed on the host. Bit-exact with the CPU reference and identical run to run, whatever
+/// the grid. Illegal entries are skipped (read as `-1`). No host sync.
+///
+/// GPU limits beyond [`AuxFiParams::validate`]: `T·K <= i32::MAX` and `E <= i32::MAX`
+/// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`).
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError,
+    };
+
+    use super::AuxFiParams;
+    use crate::checks::check_flat_fits_i32;
+    use crate::gpu::{check_device, check_out, config, row_stride, zero_fill, HEADERS, THREADS};
+    use crate::group_count::count::{count_blocks, SMEM_BINS};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "aux_fi.cu",
+        entry: "tk_aux_fi",
+        code: include_str!("../cuda/aux_fi.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// The kernel for `num_experts` experts.
+    pub fn kernel_spec(num_experts: usize) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_E", num_experts)
+            .define("TK_SMEM", (num_experts <= SMEM_BINS) as u8)
+    }
+
+    /// Representative specialisations (the moe12 local expert counts), for compile checks and
+    /// [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        [4, 9, 32, 100_000].map(kernel_spec).to_vec()
+    }
+
+    /// GPU `aux_fi(topk_idx (T, K) i64) -> f (E,)` fp32 into a new tensor (see the
+    /// [module docs](mod@crate::aux_fi)).
+    ///
+    /// Errors: those of [`AuxFiParams::validate`] and the GPU limits above.
+    pub fn aux_fi(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &AuxFiParams,
+    ) -> Result<DeviceTensor<f32>> {
+        params.validate(topk_idx.layout())?;
+        let mut out = topk_idx.device().alloc::<f32>(&[params.num_experts])?;
+        aux_fi_into(topk_idx, params, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`aux_fi`] into a caller-provided contiguous `f (E,)` fp32.
+    ///
+    /// Errors: as [`aux_fi`], and [`TkError::Shape`] / [`TkError::Stride`] /
+    /// [`TkError::Placement`] naming `out`.
+    pub fn aux_fi_into(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &AuxFiParams,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (t, k) = params.validate(topk_idx.layout())?;
+        check_flat_fits_i32("topk_idx", t, k)?;
+        let e = params.num_experts;
+        if e > i32::MAX as usize {
+            return Err(TkError::param(
+                "num_experts",
+                format!("must be <= {} on the GPU, got {e}", i32::MAX),
+            ));
+        }
+        let dev = topk_idx.device();
+        check_device("out", dev, out.device())?;
+        check_out("out", out.layout(), &[e])?;
+        let mut scratch = dev.alloc::<i32>(&[e + 1])?;
+        zero_fill(&mut scratch.view_mut())?;
+        let f = dev.function(&kernel_spec(e))?;
+        let (f_addr, counts) = (out.address(), scratch.view_mut().address());
+        let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
+        let (t64, k32) = (t as u64, k as u32);
+        // fp32(T·num_aux_topk), rounded once as the CPU reference does (0 when T == 0: unused).
+        let den = (t as u128 * params.num_aux_topk as u128) as f32;
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&f_addr)
+            .arg(&counts)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&k32)
+            .arg(&den);
+        // SAFETY: the kernel reads topk_idx[t, k] for t < T, k < K (the validated view), adds
+        // to counts[0..=E] (the (E + 1,) scratch, freed in stream order) and the last block
+        // writes f[0..E] (the checked (E,) output).
+        unsafe { l.launch(config(count_blocks(t * k, dev.props().sm_count), THREADS)) }
+            .ctx("launching tk_aux_fi")?;
+        Ok(())
+    }
+}

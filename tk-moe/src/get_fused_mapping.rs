@@ -42,14 +42,15 @@
 //!   (`((T·K + (a-1)·E) / a)·a`). Rows `Σ A_e .. M` are padding. `Capacity(0)` with no valid
 //!   entry is upstream's `force_no_sync` case. **Capacity too small**: the CPU returns
 //!   [`TkError::Param`] naming `num_expanded_tokens` (nothing is written); the GPU kernel
-//!   (pending) must not write out of bounds: every slot whose row would be `>= M` gets
+//!   never writes out of bounds: every slot whose row would be `>= M` gets
 //!   `token_topk_to_pos = -1` and no row, while `expert_start`, `expert_end` and
 //!   `num_tokens_per_expert` still report the full layout, so `expert_end[E-1] > M` tells the
 //!   caller (at its next sync) that the capacity was too small.
 //! * [`FusedRows::HostSync`] (opt-in convenience): `M = Σ_e A_e` exactly. On the GPU this is
-//!   upstream's `num_expanded_tokens = 0` path: the kernel runs on a buffer of
-//!   [`max_fused_rows`] rows, then the host reads the counts (**a device → host
-//!   synchronisation**) and trims. Not graph-capturable.
+//!   upstream's `num_expanded_tokens = 0` path (upstream runs on a buffer of [`max_fused_rows`]
+//!   rows, reads the counts back and trims). Ours reads `expert_end[E-1]` back after counting
+//!   (**a device → host synchronisation**) and then places the rows into maps of exactly `M`
+//!   rows. Not graph-capturable.
 //!
 //! **Index contract** ([`crate::index`]): entries must be `-1` or in `0..E`; anything else is an
 //! error on the CPU and is read as `-1` on the GPU. Upstream skips only `-1`, so another negative
@@ -73,6 +74,63 @@ pub enum FusedRows {
     Capacity(usize),
     /// Host sync (opt-in): `M = Σ_e align(c_e, a)`, known only after the counts are read back.
     HostSync,
+}
+
+/// The seven mapping tensors of `get_fused_mapping`, in upstream's order (all int32,
+/// contiguous; meanings in the module docs), generic over the tensor kind: the CPU's
+/// [`FusedMapping`](crate::reference::FusedMapping) (host tensors) and the GPU's
+/// `DeviceFusedMapping` (device tensors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedMaps<Tn> {
+    /// `(M,)`: expert of each fused row, `-1` for padding.
+    pub pos_to_expert: Tn,
+    /// `(M,)`: token of each fused row, `-1` for padding.
+    pub pos_to_token: Tn,
+    /// `(M,)`: flat slot `t·K + k` of each fused row, `-1` for padding.
+    pub pos_to_token_topk: Tn,
+    /// `(T, K)`: fused row of each slot, `-1` for `-1` slots.
+    pub token_topk_to_pos: Tn,
+    /// `(E,)`: first row of each expert's segment.
+    pub expert_start: Tn,
+    /// `(E,)`: one past the last row of each expert's segment.
+    pub expert_end: Tn,
+    /// `(E,)`: padded segment lengths `align(c_e, a)`.
+    pub num_tokens_per_expert: Tn,
+}
+
+impl<Tn> FusedMaps<Tn> {
+    /// The seven tensors with their argument names, in order.
+    pub fn named(&self) -> [(&'static str, &Tn); 7] {
+        [
+            ("pos_to_expert", &self.pos_to_expert),
+            ("pos_to_token", &self.pos_to_token),
+            ("pos_to_token_topk", &self.pos_to_token_topk),
+            ("token_topk_to_pos", &self.token_topk_to_pos),
+            ("expert_start", &self.expert_start),
+            ("expert_end", &self.expert_end),
+            ("num_tokens_per_expert", &self.num_tokens_per_expert),
+        ]
+    }
+
+    /// Applies `f` to each tensor (e.g. a download), keeping the order.
+    pub fn try_map<U, E>(&self, mut f: impl FnMut(&Tn) -> Result<U, E>) -> Result<FusedMaps<U>, E> {
+        Ok(FusedMaps {
+            pos_to_expert: f(&self.pos_to_expert)?,
+            pos_to_token: f(&self.pos_to_token)?,
+            pos_to_token_topk: f(&self.pos_to_token_topk)?,
+            token_topk_to_pos: f(&self.token_topk_to_pos)?,
+            expert_start: f(&self.expert_start)?,
+            expert_end: f(&self.expert_end)?,
+            num_tokens_per_expert: f(&self.num_tokens_per_expert)?,
+        })
+    }
+}
+
+impl<T: tk_core::Element> FusedMaps<tk_core::HostTensor<T>> {
+    /// `M`: rows of the fused buffer.
+    pub fn num_rows(&self) -> usize {
+        self.pos_to_expert.shape()[0]
+    }
 }
 
 /// The parameters of `get_fused_mapping`.
@@ -212,5 +270,300 @@ impl GetFusedMappingParams {
             alignment: self.alignment,
             rows: self.rows,
         })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`).
+///
+/// **Kernels** (`cuda/get_fused_mapping.cu`), three launches on the op's stream, deterministic
+/// (positions come from prefix sums of exact counts, never from the order of atomics):
+/// 1. count: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each block counts
+///    its chunk per expert (shared-memory histogram);
+/// 2. scan (one block): per-expert totals and chunk prefixes, `A_e = align(c_e, a)`, a block
+///    scan for `expert_start`; writes the per-expert outputs and each chunk's first row per
+///    expert;
+/// 3. scatter: each block walks its chunk in order, 256 entries at a time, ranking equal experts
+///    with `__match_any_sync` and per-warp counts, and writes all four maps (and `-1` to the
+///    padding rows).
+///
+/// The result is bit-identical to the CPU reference (ascending flat order inside a segment).
+/// **Graph-safe** with [`FusedRows::Capacity`]: no host synchronisation; a capacity smaller
+/// than `Σ_e A_e` drops the slots whose row would be `>= M` (their `token_topk_to_pos` is `-1`)
+/// while the per-expert outputs report the full layout (see the module docs).
+/// [`FusedRows::HostSync`] (opt-in) reads `expert_end[E-1]` back after the scan (**a host
+/// synchronisation**) and scatters into maps of exactly `Σ_e A_e` rows (no trimming copies).
+///
+/// **Index contract on the GPU**: an entry that is not `-1` or in `0..E` is read as `-1` (not
+/// counted, `token_topk_to_pos = -1`); nothing is read or written out of bounds. Values of the
+/// int32 outputs that would exceed `i32::MAX` (only possible with huge alignments) saturate.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tk_core::error::DriverContext;
+    use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
+
+    use super::{FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams};
+    use crate::gpu::{check_device, check_out, config, row_stride, HEADERS, THREADS};
+
+    const CODE: &str = include_str!("../cuda/get_fused_mapping.cu");
+
+    macro_rules! source {
+        ($entry:literal) => {
+            KernelSource {
+                file: "get_fused_mapping.cu",
+                entry: $entry,
+                code: CODE,
+                headers: HEADERS,
+                needs_cuda_headers: false,
+            }
+        };
+    }
+
+    static COUNT: KernelSource = source!("tk_fused_count");
+    static SCAN: KernelSource = source!("tk_fused_scan");
+    static SCATTER: KernelSource = source!("tk_fused_scatter");
+
+    /// The three kernels (count, scan, scatter) for `num_topk` slots and `num_experts` experts.
+    pub fn kernel_specs(num_topk: usize, num_experts: usize) -> [KernelSpec; 3] {
+        [&COUNT, &SCAN, &SCATTER].map(|s| {
+            KernelSpec::new(s)
+                .define("TK_K", num_topk)
+                .define("TK_E", num_experts)
+        })
+    }
+
+    /// Representative specialisations (the moe12 top-k and local expert counts, and the
+    /// largest `E`), for compile checks and [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for k in [2, 6, 8, 9] {
+            for e in [4, 9, 32] {
+                v.extend(kernel_specs(k, e));
+            }
+        }
+        v.extend(kernel_specs(8, super::MAX_EXPERTS));
+        v
+    }
+
+    /// The seven mapping tensors on the device ([`FusedMaps`] of device tensors).
+    pub type DeviceFusedMapping = FusedMaps<DeviceTensor<i32>>;
+
+    impl FusedMaps<DeviceTensor<i32>> {
+        /// Allocates (uninitialised) outputs for `T` tokens, `K` slots, `E` experts and `M` rows.
+        pub fn alloc(dev: &Device, t: usize, k: usize, e: usize, m: usize) -> Result<Self> {
+            Ok(Self {
+                pos_to_expert: dev.alloc(&[m])?,
+                pos_to_token: dev.alloc(&[m])?,
+                pos_to_token_topk: dev.alloc(&[m])?,
+                token_topk_to_pos: dev.alloc(&[t, k])?,
+                expert_start: dev.alloc(&[e])?,
+                expert_end: dev.alloc(&[e])?,
+                num_tokens_per_expert: dev.alloc(&[e])?,
+            })
+        }
+
+        /// `M`: rows of the fused buffer.
+        pub fn num_rows(&self) -> usize {
+            self.pos_to_expert.shape()[0]
+        }
+
+        /// Copies the seven tensors to the host (synchronises the stream).
+        pub fn to_host(&self) -> Result<FusedMaps<tk_core::HostTensor<i32>>> {
+            self.try_map(|x| x.to_host())
+        }
+    }
+
+    /// GPU `get_fused_mapping(topk_idx (T, K) i64, params)` into new tensors. With
+    /// [`FusedRows::Capacity`] it never synchronises with the host (graph-safe); with
+    /// [`FusedRows::HostSync`] it synchronises once, after the counting, to size the row maps
+    /// (see the module docs).
+    ///
+    /// Errors: those of [`GetFusedMappingParams::validate`].
+    pub fn get_fused_mapping(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &GetFusedMappingParams,
+    ) -> Result<DeviceFusedMapping> {
+        let shape = params.validate(topk_idx.layout())?;
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let rows = match shape.rows {
+            FusedRows::Capacity(m) => Some(m),
+            FusedRows::HostSync => None,
+        };
+        let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows.unwrap_or(0))?;
+        let scratch = count_and_scan(topk_idx, &shape, &mut out)?;
+        let m = match rows {
+            Some(m) => m,
+            None => {
+                // The opt-in host sync: read the layout's end, size the row maps exactly.
+                let end = out.expert_end.view().narrow(0, e - 1, 1)?;
+                let m = dev.download(&end)?.as_slice()[0].max(0) as usize;
+                if m >= i32::MAX as usize {
+                    return Err(TkError::param(
+                        "num_expanded_tokens",
+                        "the segments need more rows than int32 positions can address",
+                    ));
+                }
+                for x in [
+                    &mut out.pos_to_expert,
+                    &mut out.pos_to_token,
+                    &mut out.pos_to_token_topk,
+                ] {
+                    *x = dev.alloc(&[m])?;
+                }
+                m
+            }
+        };
+        scatter(topk_idx, &shape, m, &scratch, &mut out)?;
+        Ok(out)
+    }
+
+    /// Graph-safe `get_fused_mapping` into caller-provided outputs of `M = out.num_rows()` rows;
+    /// `params.rows` must be [`FusedRows::Capacity`]`(M)`. Never synchronises with the host.
+    ///
+    /// Errors: those of [`GetFusedMappingParams::validate`]; [`TkError::Param`] naming
+    /// `num_expanded_tokens` for [`FusedRows::HostSync`] or a capacity other than `M`;
+    /// [`TkError::Shape`] / [`TkError::Stride`] / [`TkError::Placement`] naming an output.
+    pub fn get_fused_mapping_into(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &GetFusedMappingParams,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<()> {
+        let shape = params.validate(topk_idx.layout())?;
+        let m = out.num_rows();
+        if shape.rows != FusedRows::Capacity(m) {
+            return Err(TkError::param(
+                "num_expanded_tokens",
+                format!(
+                    "the _into form needs FusedRows::Capacity({m}) (the outputs' row count), got {:?}",
+                    shape.rows
+                ),
+            ));
+        }
+        check_outputs(topk_idx.device(), &shape, m, out)?;
+        let scratch = count_and_scan(topk_idx, &shape, out)?;
+        scatter(topk_idx, &shape, m, &scratch, out)
+    }
+
+    /// Checks the seven outputs' devices, shapes and contiguity.
+    fn check_outputs(
+        dev: &Device,
+        shape: &FusedMappingShape,
+        m: usize,
+        out: &DeviceFusedMapping,
+    ) -> Result<()> {
+        for (arg, tensor) in out.named() {
+            check_device(arg, dev, tensor.device())?;
+            let want: Vec<usize> = match arg {
+                "pos_to_expert" | "pos_to_token" | "pos_to_token_topk" => vec![m],
+                "token_topk_to_pos" => vec![shape.num_tokens, shape.num_topk],
+                _ => vec![shape.num_experts],
+            };
+            check_out(arg, tensor.layout(), &want)?;
+        }
+        Ok(())
+    }
+
+    /// The chunking of the flat range: `(entries per block, blocks)`, about one block per SM,
+    /// whole tiles of 256 entries.
+    fn chunking(dev: &Device, flat: usize) -> (usize, usize) {
+        let sms = dev.props().sm_count.max(1) as usize;
+        let chunk = flat.div_ceil(sms).div_ceil(THREADS as usize).max(1) * THREADS as usize;
+        (chunk, flat.div_ceil(chunk).max(1))
+    }
+
+    /// Launches the count and scan kernels; returns the `(B + 1, E)` scratch of chunk bases
+    /// and raw counts (the per-expert outputs are written).
+    fn count_and_scan(
+        topk_idx: &DeviceView<'_, i64>,
+        shape: &FusedMappingShape,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<DeviceTensor<i32>> {
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let (chunk, nb) = chunking(dev, t * k);
+        let mut cnt = dev.alloc::<i32>(&[nb + 1, e])?;
+        let [count, scan, _] = kernel_specs(k, e);
+        let (count, scan) = (dev.function(&count)?, dev.function(&scan)?);
+        let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
+        let (t64, l64, b64, a64) = (t as u64, chunk as u64, nb as u64, shape.alignment as i64);
+        let cnt_addr = cnt.view_mut().address();
+        let (es, ee, ntpe) = (
+            out.expert_start.view_mut().address(),
+            out.expert_end.view_mut().address(),
+            out.num_tokens_per_expert.view_mut().address(),
+        );
+        let mut l = dev.stream().launch_builder(&count);
+        l.arg(&cnt_addr).arg(&idx).arg(&ld).arg(&t64).arg(&l64);
+        // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view
+        // and writes cnt[b, 0..E] of the (B + 1, E) scratch.
+        unsafe { l.launch(config(nb as u32, THREADS)) }.ctx("launching tk_fused_count")?;
+        let mut l = dev.stream().launch_builder(&scan);
+        l.arg(&cnt_addr)
+            .arg(&b64)
+            .arg(&a64)
+            .arg(&es)
+            .arg(&ee)
+            .arg(&ntpe);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: one block; thread e < E (<= 1024, validated) reads and writes cnt[0..=B, e]
+        // and writes the three checked (E,) outputs at e; the scratch is freed in stream order.
+        unsafe { l.launch(one) }.ctx("launching tk_fused_scan")?;
+        Ok(cnt)
+    }
+
+    /// Launches the scatter kernel into row maps of `m` rows.
+    fn scatter(
+        topk_idx: &DeviceView<'_, i64>,
+        shape: &FusedMappingShape,
+        m: usize,
+        cnt: &DeviceTensor<i32>,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<()> {
+        let dev = topk_idx.device();
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let (chunk, nb) = chunking(dev, t * k);
+        let f = dev.function(&kernel_specs(k, e)[2])?;
+        let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
+        let (t64, l64, m64) = (t as u64, chunk as u64, m as u64);
+        let cnt_addr = cnt.view().address();
+        let addr = |x: &mut DeviceTensor<i32>| x.view_mut().address();
+        let (ttp, pte, ptt, pttk) = (
+            addr(&mut out.token_topk_to_pos),
+            addr(&mut out.pos_to_expert),
+            addr(&mut out.pos_to_token),
+            addr(&mut out.pos_to_token_topk),
+        );
+        let (es, ee) = (
+            out.expert_start.view().address(),
+            out.expert_end.view().address(),
+        );
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&cnt_addr)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&l64)
+            .arg(&m64)
+            .arg(&ttp)
+            .arg(&pte)
+            .arg(&ptt)
+            .arg(&pttk)
+            .arg(&es)
+            .arg(&ee);
+        // SAFETY: block b reads cnt[b, 0..E] and cnt[B, 0..E], its chunk of topk_idx and the
+        // (E,) starts and ends; it writes token_topk_to_pos at its flat indices (< T·K, the
+        // checked contiguous output) and the three (M,) maps only at rows p < M (bounded in the
+        // kernel); all buffers outlive the stream-ordered launch.
+        unsafe { l.launch(config(nb as u32, THREADS)) }.ctx("launching tk_fused_scatter")?;
+        Ok(())
     }
 }

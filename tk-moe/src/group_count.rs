@@ -44,3 +44,101 @@ impl GroupCountParams {
         Ok((t, k))
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// Launch plumbing shared by `group_count` and `aux_fi` (both count ids into `bins` counters).
+#[cfg(feature = "cuda")]
+pub(crate) mod count {
+    /// Bins up to which the block histograms live in shared memory (32 KiB).
+    pub(crate) const SMEM_BINS: usize = 8192;
+
+    /// Blocks of the counting grid for `n` entries: enough for 8 entries per thread, at most
+    /// two per SM (as upstream).
+    pub(crate) fn count_blocks(n: usize, sms: u32) -> u32 {
+        crate::gpu::blocks(n, 8 * crate::gpu::THREADS as usize).min(2 * sms.max(1))
+    }
+}
+
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): the output is zeroed by a
+/// stream-ordered memset, then up to two blocks per SM count a grid-stride share of the entries
+/// into a shared-memory histogram (for `G <= 8192`; global atomics beyond) and add it to the
+/// output. Integer atomics: exact and deterministic. Illegal entries are skipped (read as
+/// `-1`). No host sync.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
+
+    use super::count::{count_blocks, SMEM_BINS};
+    use super::GroupCountParams;
+    use crate::gpu::{check_device, check_out, config, row_stride, zero_fill, HEADERS, THREADS};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "group_count.cu",
+        entry: "tk_group_count",
+        code: include_str!("../cuda/group_count.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// The kernel for `num_groups` bins.
+    pub fn kernel_spec(num_groups: usize) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_G", num_groups)
+            .define("TK_SMEM", (num_groups <= SMEM_BINS) as u8)
+    }
+
+    /// Representative specialisations (the moe12 local expert counts), for compile checks and
+    /// [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        [4, 9, 32, 100_000].map(kernel_spec).to_vec()
+    }
+
+    /// GPU `group_count(group_idx (T, K) i64) -> (G,)` i32 into a new tensor (see the
+    /// [module docs](mod@crate::group_count)).
+    ///
+    /// Errors: those of [`GroupCountParams::validate`].
+    pub fn group_count(
+        group_idx: &DeviceView<'_, i64>,
+        params: &GroupCountParams,
+    ) -> Result<DeviceTensor<i32>> {
+        params.validate(group_idx.layout())?;
+        let mut out = group_idx.device().alloc::<i32>(&[params.num_groups])?;
+        group_count_into(group_idx, params, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`group_count`] into a caller-provided contiguous `out (G,)` i32.
+    ///
+    /// Errors: as [`group_count`], and [`tk_core::TkError::Shape`] /
+    /// [`tk_core::TkError::Stride`] / [`tk_core::TkError::Placement`] naming `out`.
+    pub fn group_count_into(
+        group_idx: &DeviceView<'_, i64>,
+        params: &GroupCountParams,
+        out: &mut DeviceViewMut<'_, i32>,
+    ) -> Result<()> {
+        let (t, k) = params.validate(group_idx.layout())?;
+        let dev = group_idx.device();
+        check_device("out", dev, out.device())?;
+        check_out("out", out.layout(), &[params.num_groups])?;
+        zero_fill(out)?;
+        if t * k == 0 {
+            return Ok(());
+        }
+        let f = dev.function(&kernel_spec(params.num_groups))?;
+        let counts = out.address();
+        let (idx, ld) = (group_idx.address(), row_stride(group_idx.layout()));
+        let (t64, k32) = (t as u64, k as u32);
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&counts).arg(&idx).arg(&ld).arg(&t64).arg(&k32);
+        // SAFETY: the kernel reads group_idx[t, k] for t < T, k < K (the validated view) and
+        // adds to counts[g] only for 0 <= g < G (the checked (G,) output); T·K <= i32::MAX.
+        unsafe { l.launch(config(count_blocks(t * k, dev.props().sm_count), THREADS)) }
+            .ctx("launching tk_group_count")?;
+        Ok(())
+    }
+}

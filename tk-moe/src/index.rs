@@ -8,7 +8,7 @@
 //!   written (in-place ops leave their tensor untouched on error); the first illegal entry is a
 //!   [`TkError::Param`] naming the argument, the entry's multi-index and its value
 //!   ([`check_indices`]).
-//! * **GPU path** (kernels pending): a kernel cannot return an error without a host sync, so the
+//! * **GPU path**: a kernel cannot return an error without a host sync, so the
 //!   contract is a defined reading instead: **every illegal entry is read as `-1`** (skipped;
 //!   written back as `-1` by the ops that write indices). No kernel reads or writes out of bounds
 //!   on any input. [`sanitize_indices`] is that reading on the host: a GPU test compares the

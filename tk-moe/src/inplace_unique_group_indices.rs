@@ -55,3 +55,74 @@ impl InplaceUniqueGroupIndicesParams {
         Ok(tk)
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/inplace_unique_group_indices.cu`): one thread
+/// per row with two 64-bit seen-masks, `K` and `G` compile-time constants. Illegal entries
+/// (negative other than `-1`, or `>= G`) are written back as `-1` and never count as seen. The
+/// GPU op does not report the number of changed entries (that would need a host sync). No host
+/// sync; nothing is launched for `T == 0`.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{DeviceViewMut, KernelSource, KernelSpec, Result};
+
+    use super::InplaceUniqueGroupIndicesParams;
+    use crate::gpu::{blocks, config, row_stride, HEADERS, ROW_THREADS};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "inplace_unique_group_indices.cu",
+        entry: "tk_inplace_unique_group_indices",
+        code: include_str!("../cuda/inplace_unique_group_indices.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// The kernel for `num_topk` slots per row and `num_groups` groups.
+    pub fn kernel_spec(num_topk: usize, num_groups: usize) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_K", num_topk)
+            .define("TK_G", num_groups)
+    }
+
+    /// Representative specialisations (the spec's top-k values and group counts), for compile
+    /// checks and [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for k in [2, 6, 8, 9] {
+            for g in [8, 16, 72, 128] {
+                v.push(kernel_spec(k, g));
+            }
+        }
+        v
+    }
+
+    /// GPU `inplace_unique_group_indices(group_indices (T, K) i64)`, in place (see the
+    /// [module docs](mod@crate::inplace_unique_group_indices)). Any row stride (unit last stride).
+    ///
+    /// Errors: those of [`InplaceUniqueGroupIndicesParams::validate`].
+    pub fn inplace_unique_group_indices(
+        group_indices: &mut DeviceViewMut<'_, i64>,
+        params: &InplaceUniqueGroupIndicesParams,
+    ) -> Result<()> {
+        let (t, k) = params.validate(group_indices.layout())?;
+        if t == 0 || k == 0 {
+            return Ok(());
+        }
+        let dev = group_indices.device();
+        let f = dev.function(&kernel_spec(k, params.num_groups))?;
+        let ld = row_stride(group_indices.layout());
+        let (idx, t64) = (group_indices.address(), t as u64);
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&idx).arg(&ld).arg(&t64);
+        // SAFETY: thread t < T reads and writes group_indices[t, 0..K] only (the validated
+        // view); the buffer outlives the launch.
+        unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
+            .ctx("launching tk_inplace_unique_group_indices")?;
+        Ok(())
+    }
+}

@@ -5,11 +5,14 @@
 //! weighted FMA reduce back to tokens (optionally to FP8 e4m3), weight normalisation, id
 //! histograms, the load-balancing statistic `f_i`, per-token group dedupe and EP/TP masking.
 //!
-//! **Status:** the CPU side exists — each op's parameters and their validation (shared with the
-//! future GPU launch code), the index contract, and the CPU references
-//! ([`reference`](mod@reference), feature `cpu`, default), which are the correctness argument
-//! and the CPU backend. **The GPU kernels are pending**; they will be tested against these
-//! references bit for bit (every op here is exact or has a documented fp32 operation order).
+//! Every op has a GPU implementation (feature `cuda`, default: CUDA C++ in `cuda/<op>.cu`,
+//! compiled at run time by NVRTC and specialised on its shape constants) and a CPU reference
+//! ([`reference`](mod@reference), feature `cpu`, default), which is the correctness argument:
+//! the GPU ops are tested against it bit for bit (every op here is exact or has a documented
+//! fp32 operation order). GPU ops take device views, write caller-provided outputs (`*_into`,
+//! with allocating conveniences), never synchronise with the host (except the opt-in
+//! [`FusedRows::HostSync`] of `get_fused_mapping`) and read illegal indices as `-1`
+//! ([`index`]). [`registered_kernels`] and [`prewarm`] cover representative shapes.
 //!
 //! | module | contents |
 //! |---|---|
@@ -60,16 +63,50 @@
 //! # main().unwrap();
 //! # }
 //! ```
+//!
+//! On the GPU (feature `cuda`) the same chain, graph-safe (no host synchronisation):
+//!
+//! ```no_run
+//! # #[cfg(feature = "cuda")] {
+//! use tk_core::{testing::Rng, Device, HostTensor};
+//! use tk_moe::{max_fused_rows, DeviceReduceFusedInputs, GetFusedMappingParams};
+//!
+//! # fn main() -> tk_core::Result<()> {
+//! let dev = Device::new(0)?;
+//! let (t, k, e, h) = (4096, 8, 32, 7168);
+//! let mut rng = Rng::new(0);
+//! let idx = HostTensor::<i64>::from_fn(&[t, k], |i| ((i * 7) % e) as i64);
+//! let x = rng.randn(&[t, h], half::bf16::from_f32);
+//! let (idx, x) = (dev.upload(&idx)?, dev.upload(&x)?);
+//! // A capacity that always suffices: no host sync, capturable in a CUDA graph.
+//! let m = max_fused_rows(t, k, e, 128).unwrap();
+//! let map = tk_moe::get_fused_mapping(&idx.view(), &GetFusedMappingParams::new(e, 128, m))?;
+//! let fused = tk_moe::expand_to_fused(
+//!     &x.view(),
+//!     &map.token_topk_to_pos.view(),
+//!     &map.pos_to_expert.view(),
+//! )?;
+//! // ... grouped expert GEMMs over the segments [expert_start[e], expert_end[e]) ...
+//! let y = tk_moe::reduce_fused(&DeviceReduceFusedInputs::new(
+//!     fused.view(),
+//!     map.token_topk_to_pos.view(),
+//! ))?; // (t, h) bf16: the sum of each token's K copies
+//! # let _ = y;
+//! # Ok(()) }
+//! # }
+//! ```
 
 // Without the CPU backend the links to it in these docs have no target.
 #![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod aux_fi;
 mod checks;
 pub mod expand_to_fused;
 pub mod expand_to_fused_with_sf;
 pub mod get_fused_mapping;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod group_count;
 pub mod index;
 pub mod inplace_unique_group_indices;
@@ -81,17 +118,67 @@ pub mod reference;
 #[cfg(feature = "cpu")]
 pub mod testing;
 
+/// Every kernel specialisation this crate registers (representative shapes of every op), for
+/// compile checks (`tk compile-check`) and [`prewarm`].
+#[cfg(feature = "cuda")]
+pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
+    [
+        expand_to_fused::registered_kernels(),
+        expand_to_fused_with_sf::registered_kernels(),
+        reduce_fused::registered_kernels(),
+        get_fused_mapping::registered_kernels(),
+        normalize_weight::registered_kernels(),
+        group_count::registered_kernels(),
+        aux_fi::registered_kernels(),
+        inplace_unique_group_indices::registered_kernels(),
+        mask_indices_by_tp::registered_kernels(),
+    ]
+    .concat()
+}
+
+/// Compiles (or loads from the disk cache) every registered kernel on `dev`, e.g. before CUDA
+/// graph capture. Other shapes compile on first use.
+#[cfg(feature = "cuda")]
+pub fn prewarm(dev: &tk_core::Device) -> tk_core::Result<()> {
+    dev.prewarm(&registered_kernels())
+}
+
 pub use aux_fi::AuxFiParams;
+#[cfg(feature = "cuda")]
+pub use aux_fi::{aux_fi, aux_fi_into};
+#[cfg(feature = "cuda")]
+pub use expand_to_fused::{expand_to_fused, expand_to_fused_into};
 pub use expand_to_fused::{ExpandShape, ExpandToFusedParams};
+#[cfg(feature = "cuda")]
+pub use expand_to_fused_with_sf::{
+    expand_to_fused_with_sf, expand_to_fused_with_sf_into, DeviceFusedWithSf,
+};
 pub use expand_to_fused_with_sf::{ExpandToFusedWithSfParams, ExpandWithSfShape, ScaleElement};
+#[cfg(feature = "cuda")]
+pub use get_fused_mapping::{get_fused_mapping, get_fused_mapping_into, DeviceFusedMapping};
 pub use get_fused_mapping::{
-    max_fused_rows, segment_len, FusedMappingShape, FusedRows, GetFusedMappingParams, MAX_EXPERTS,
+    max_fused_rows, segment_len, FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams,
+    MAX_EXPERTS,
 };
 pub use group_count::GroupCountParams;
+#[cfg(feature = "cuda")]
+pub use group_count::{group_count, group_count_into};
 pub use index::IndexElement;
+#[cfg(feature = "cuda")]
+pub use inplace_unique_group_indices::inplace_unique_group_indices;
 pub use inplace_unique_group_indices::InplaceUniqueGroupIndicesParams;
 pub use mask_indices_by_tp::MaskIndicesByTpParams;
+#[cfg(feature = "cuda")]
+pub use mask_indices_by_tp::{mask_indices_by_tp, mask_indices_by_tp_into};
 pub use normalize_weight::NormalizeWeightParams;
+#[cfg(feature = "cuda")]
+pub use normalize_weight::{normalize_weight, normalize_weight_into};
+#[cfg(feature = "cuda")]
 pub use reduce_fused::{
-    ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceFusedShape, ReduceOut,
+    reduce_fused, reduce_fused_e4m3, reduce_fused_e4m3_into, reduce_fused_into,
+    DeviceReduceFusedInputs,
+};
+pub use reduce_fused::{
+    ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceFusedShape, ReduceFusedTensors,
+    ReduceOut, ViewLayout,
 };

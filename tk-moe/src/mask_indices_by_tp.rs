@@ -109,3 +109,107 @@ impl MaskIndicesByTpParams {
         Ok(tk)
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/mask_indices_by_tp.cu`): element-wise, one
+/// thread per entry (grid-stride), specialised on the index type and `K`; the parameters are
+/// kernel arguments (one compiled kernel serves every rank). Illegal entries (negative, or
+/// `>= n`) give `-1`. No host sync; nothing is launched for `T == 0`.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        DType, DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result,
+    };
+
+    use super::MaskIndicesByTpParams;
+    use crate::gpu::{blocks, check_device, check_out, config, row_stride, HEADERS, THREADS};
+    use crate::index::IndexElement;
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "mask_indices_by_tp.cu",
+        entry: "tk_mask_indices_by_tp",
+        code: include_str!("../cuda/mask_indices_by_tp.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// The kernel for `dtype` (i32 or i64) indices with `num_topk` slots per row.
+    pub fn kernel_spec(dtype: DType, num_topk: usize) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_I64", (dtype == DType::I64) as u8)
+            .define("TK_K", num_topk)
+    }
+
+    /// Representative specialisations (the spec's top-k values, both index types), for compile
+    /// checks and [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        [2, 6, 8, 9]
+            .into_iter()
+            .flat_map(|k| [kernel_spec(DType::I64, k), kernel_spec(DType::I32, k)])
+            .collect()
+    }
+
+    /// GPU `mask_indices_by_tp(indices (T, K), params) -> (T, K)` of the same index type, into
+    /// a new tensor (see the [module docs](mod@crate::mask_indices_by_tp)).
+    ///
+    /// Errors: those of [`MaskIndicesByTpParams::validate`].
+    pub fn mask_indices_by_tp<I: IndexElement>(
+        indices: &DeviceView<'_, I>,
+        params: &MaskIndicesByTpParams,
+    ) -> Result<DeviceTensor<I>> {
+        let (t, k) = params.validate(indices.layout())?;
+        let mut out = indices.device().alloc::<I>(&[t, k])?;
+        mask_indices_by_tp_into(indices, params, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`mask_indices_by_tp`] into a caller-provided contiguous `out (T, K)`.
+    ///
+    /// Errors: as [`mask_indices_by_tp`], and [`tk_core::TkError::Shape`] /
+    /// [`tk_core::TkError::Stride`] / [`tk_core::TkError::Placement`] naming `out`.
+    pub fn mask_indices_by_tp_into<I: IndexElement>(
+        indices: &DeviceView<'_, I>,
+        params: &MaskIndicesByTpParams,
+        out: &mut DeviceViewMut<'_, I>,
+    ) -> Result<()> {
+        let (t, k) = params.validate(indices.layout())?;
+        let dev = indices.device();
+        check_device("out", dev, out.device())?;
+        check_out("out", out.layout(), &[t, k])?;
+        if t * k == 0 {
+            return Ok(());
+        }
+        let f = dev.function(&kernel_spec(I::DTYPE, k))?;
+        let (o, i, ld, t64) = (
+            out.address(),
+            indices.address(),
+            row_stride(indices.layout()),
+            t as u64,
+        );
+        let (n, r, tp, rank) = (
+            params.num_experts as i64,
+            params.per_gpu() as i64,
+            params.num_tp_ranks as i64,
+            params.tp_rank as i64,
+        );
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&o)
+            .arg(&i)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&n)
+            .arg(&r)
+            .arg(&tp)
+            .arg(&rank);
+        // SAFETY: thread i < T·K reads indices[i / K, i % K] (the validated view) and writes
+        // out[i] (the checked contiguous (T, K) output); the buffers outlive the launch.
+        unsafe { l.launch(config(blocks(t * k, THREADS as usize), THREADS)) }
+            .ctx("launching tk_mask_indices_by_tp")?;
+        Ok(())
+    }
+}

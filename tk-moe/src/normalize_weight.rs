@@ -32,3 +32,88 @@ impl NormalizeWeightParams {
         check_matrix("topk_weights", topk_weights, "rank 2 (T, K)")
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/normalize_weight.cu`): one thread per token,
+/// `K` a compile-time constant; `__fadd_rn` in slot order and `__fdiv_rn`, so the bits equal
+/// the CPU reference's. No host sync; nothing is launched for `T == 0`.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use tk_core::error::DriverContext;
+    use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
+
+    use super::NormalizeWeightParams;
+    use crate::gpu::{blocks, check_device, check_out, config, row_stride, HEADERS, ROW_THREADS};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "normalize_weight.cu",
+        entry: "tk_normalize_weight",
+        code: include_str!("../cuda/normalize_weight.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: false,
+    };
+
+    /// The kernel for `num_topk` slots.
+    pub fn kernel_spec(num_topk: usize) -> KernelSpec {
+        KernelSpec::new(&SOURCE).define("TK_K", num_topk)
+    }
+
+    /// Representative specialisations (the spec's top-k values), for compile checks and
+    /// [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        [2, 6, 8, 9].map(kernel_spec).to_vec()
+    }
+
+    /// GPU `normalize_weight(topk_weights (T, K) fp32) -> (denominator (T,), normalized (T, K))`
+    /// into new tensors (see the [module docs](mod@crate::normalize_weight)).
+    ///
+    /// Errors: those of [`NormalizeWeightParams::validate`].
+    pub fn normalize_weight(
+        topk_weights: &DeviceView<'_, f32>,
+    ) -> Result<(DeviceTensor<f32>, DeviceTensor<f32>)> {
+        let (t, k) = NormalizeWeightParams.validate(topk_weights.layout())?;
+        let dev = topk_weights.device();
+        let (mut den, mut out) = (dev.alloc::<f32>(&[t])?, dev.alloc::<f32>(&[t, k])?);
+        normalize_weight_into(topk_weights, &mut den.view_mut(), &mut out.view_mut())?;
+        Ok((den, out))
+    }
+
+    /// [`normalize_weight`] into caller-provided contiguous `denominator (T,)` and
+    /// `normalized (T, K)`. With `K == 0` every denominator is `1e-20` (the kernel still runs).
+    ///
+    /// Errors: as [`normalize_weight`], and [`tk_core::TkError::Shape`] /
+    /// [`tk_core::TkError::Stride`] / [`tk_core::TkError::Placement`] naming an output.
+    pub fn normalize_weight_into(
+        topk_weights: &DeviceView<'_, f32>,
+        denominator: &mut DeviceViewMut<'_, f32>,
+        normalized: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (t, k) = NormalizeWeightParams.validate(topk_weights.layout())?;
+        let dev = topk_weights.device();
+        check_device("denominator", dev, denominator.device())?;
+        check_device("normalized", dev, normalized.device())?;
+        check_out("denominator", denominator.layout(), &[t])?;
+        check_out("normalized", normalized.layout(), &[t, k])?;
+        if t == 0 {
+            return Ok(());
+        }
+        let f = dev.function(&kernel_spec(k))?;
+        let (den, out) = (denominator.address(), normalized.address());
+        let (w, ld, t64) = (
+            topk_weights.address(),
+            row_stride(topk_weights.layout()),
+            t as u64,
+        );
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&den).arg(&out).arg(&w).arg(&ld).arg(&t64);
+        // SAFETY: thread t < T reads w[t, 0..K] (the validated view) and writes den[t] and
+        // out[t, 0..K] (checked contiguous outputs); the buffers outlive the launch.
+        unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
+            .ctx("launching tk_normalize_weight")?;
+        Ok(())
+    }
+}

@@ -105,6 +105,84 @@ pub struct ReduceFusedLayouts<'a> {
     pub sf: Option<&'a Layout>,
 }
 
+/// A tensor view that knows its layout (host and device views alike).
+pub trait ViewLayout {
+    /// The view's layout.
+    fn view_layout(&self) -> &Layout;
+}
+
+impl<T: Element> ViewLayout for tk_core::HostView<'_, T> {
+    fn view_layout(&self) -> &Layout {
+        self.layout()
+    }
+}
+
+impl<T: Element> ViewLayout for tk_core::DeviceView<'_, T> {
+    fn view_layout(&self) -> &Layout {
+        self.layout()
+    }
+}
+
+/// The tensor arguments of one `reduce_fused` call (shapes and rules in the module docs),
+/// generic over the kind of view: `X` for `x (M, H)`, `F` for the fp32 tensors, `I` for the
+/// int32 map. The CPU uses [`ReduceFusedInputs`](crate::reference::ReduceFusedInputs) (host
+/// views), the GPU `DeviceReduceFusedInputs` (device views).
+#[derive(Debug, Clone)]
+pub struct ReduceFusedTensors<X, F, I> {
+    /// `x (M, H)`: the fused buffer.
+    pub x: X,
+    /// `x_sf (M,)` fp32: one scale per fused row, applied to the slot's weight.
+    pub x_sf: Option<F>,
+    /// `topk_weights (T, K)` fp32; absent = weight `1.0`.
+    pub topk_weights: Option<F>,
+    /// `token_topk_to_pos (T, K)` i32.
+    pub token_topk_to_pos: I,
+    /// `sf (1,)` fp32: global output multiplier (e4m3 output only).
+    pub sf: Option<F>,
+}
+
+impl<X: ViewLayout, F: ViewLayout, I: ViewLayout> ReduceFusedTensors<X, F, I> {
+    /// Just `x (M, H)` and the map `(T, K)` (unit weights, no scales).
+    pub fn new(x: X, token_topk_to_pos: I) -> Self {
+        Self {
+            x,
+            x_sf: None,
+            topk_weights: None,
+            token_topk_to_pos,
+            sf: None,
+        }
+    }
+
+    /// Adds the per-slot weights `(T, K)` fp32.
+    pub fn with_weights(mut self, topk_weights: F) -> Self {
+        self.topk_weights = Some(topk_weights);
+        self
+    }
+
+    /// Adds the per-row input scales `(M,)` fp32.
+    pub fn with_x_sf(mut self, x_sf: F) -> Self {
+        self.x_sf = Some(x_sf);
+        self
+    }
+
+    /// Adds the global output scale `(1,)` fp32 (e4m3 output only).
+    pub fn with_sf(mut self, sf: F) -> Self {
+        self.sf = Some(sf);
+        self
+    }
+
+    /// The layouts, for [`ReduceFusedParams::validate`].
+    pub fn layouts(&self) -> ReduceFusedLayouts<'_> {
+        ReduceFusedLayouts {
+            x: self.x.view_layout(),
+            x_sf: self.x_sf.as_ref().map(|v| v.view_layout()),
+            topk_weights: self.topk_weights.as_ref().map(|v| v.view_layout()),
+            token_topk_to_pos: self.token_topk_to_pos.view_layout(),
+            sf: self.sf.as_ref().map(|v| v.view_layout()),
+        }
+    }
+}
+
 /// The validated geometry of one `reduce_fused` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReduceFusedShape {
@@ -196,5 +274,261 @@ impl ReduceFusedParams {
             num_rows: m,
             hidden: h,
         })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`).
+///
+/// **Kernel** (`cuda/reduce_fused.cu`): one warp per token; lane `j` first computes slot `j`'s
+/// row and scalar `s = w·x_sf[p]`, then the warp sweeps the columns, each lane loading 16 bytes
+/// of every slot's row (all `K` loads in flight), accumulating with `__fmaf_rn` in slot order and
+/// storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
+/// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3).
+///
+/// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
+/// is read as `-1` (the slot is skipped; its weight and `x_sf` are not read). No host sync.
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod gpu {
+    use cudarc::driver::PushKernelArg;
+    use float8::F8E4M3;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        DType, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Result,
+    };
+
+    use super::{ReduceElement, ReduceFusedParams, ReduceFusedTensors, ReduceOut};
+    use crate::gpu::{
+        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, THREADS,
+    };
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "reduce_fused.cu",
+        entry: "tk_reduce_fused",
+        code: include_str!("../cuda/reduce_fused.cu"),
+        headers: HEADERS,
+        needs_cuda_headers: true,
+    };
+
+    /// The device tensor arguments of `reduce_fused`: [`ReduceFusedTensors`] of device views.
+    pub type DeviceReduceFusedInputs<'a, T> =
+        ReduceFusedTensors<DeviceView<'a, T>, DeviceView<'a, f32>, DeviceView<'a, i32>>;
+
+    /// Which optional inputs a specialisation reads.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct ReduceOptions {
+        /// `topk_weights` given.
+        pub weights: bool,
+        /// `x_sf` given.
+        pub x_sf: bool,
+        /// `sf` given.
+        pub sf: bool,
+    }
+
+    /// The kernel for input dtype `in_dtype` (fp32, bf16, f16), output `out`, `cols` columns
+    /// per lane access (`16 / size`, or 1 for unaligned rows), `num_topk` slots and the options.
+    pub fn kernel_spec(
+        in_dtype: DType,
+        out: ReduceOut,
+        cols: usize,
+        num_topk: usize,
+        o: ReduceOptions,
+    ) -> KernelSpec {
+        let tk_in = match in_dtype {
+            DType::BF16 => 1,
+            DType::F16 => 2,
+            _ => 0,
+        };
+        KernelSpec::new(&SOURCE)
+            .define("TK_IN", tk_in)
+            .define("TK_E4M3", (out == ReduceOut::E4m3) as u8)
+            .define("TK_W", cols)
+            .define("TK_K", num_topk)
+            .define("TK_WEIGHTS", o.weights as u8)
+            .define("TK_XSF", o.x_sf as u8)
+            .define("TK_SF", o.sf as u8)
+    }
+
+    /// Representative specialisations (the spec's benchmark: K = 6 with weights, fp32 / bf16
+    /// in, same or e4m3 out, with and without `x_sf`), for compile checks and [`crate::prewarm`].
+    pub fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for (dt, cols) in [(DType::F32, 4), (DType::BF16, 8)] {
+            for out in [ReduceOut::Input, ReduceOut::E4m3] {
+                for x_sf in [false, true] {
+                    let sf = out == ReduceOut::E4m3;
+                    v.push(kernel_spec(
+                        dt,
+                        out,
+                        cols,
+                        6,
+                        ReduceOptions {
+                            weights: true,
+                            x_sf,
+                            sf,
+                        },
+                    ));
+                }
+            }
+        }
+        v.push(kernel_spec(
+            DType::F16,
+            ReduceOut::Input,
+            1,
+            9,
+            ReduceOptions {
+                weights: false,
+                x_sf: false,
+                sf: false,
+            },
+        ));
+        v
+    }
+
+    /// GPU `reduce_fused` with output in `x`'s dtype (`fp8_format = ''`): a new contiguous
+    /// `(T, H)` tensor (see the [module docs](mod@crate::reduce_fused)).
+    ///
+    /// Errors: those of [`ReduceFusedParams::validate`] (`sf` is an error here);
+    /// [`tk_core::TkError::Placement`] when the tensors are on different devices.
+    pub fn reduce_fused<T: ReduceElement>(
+        inputs: &DeviceReduceFusedInputs<'_, T>,
+    ) -> Result<DeviceTensor<T>> {
+        let shape =
+            ReduceFusedParams::new(ReduceOut::Input).validate(&inputs.layouts(), T::DTYPE)?;
+        let mut out = inputs.x.device().alloc::<T>(&shape.out_shape())?;
+        reduce_fused_into(inputs, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`reduce_fused`] into a caller-provided contiguous `out (T, H)`.
+    ///
+    /// Errors: as [`reduce_fused`], and [`tk_core::TkError::Shape`] / [`tk_core::TkError::Stride`]
+    /// naming `out`.
+    pub fn reduce_fused_into<T: ReduceElement>(
+        inputs: &DeviceReduceFusedInputs<'_, T>,
+        out: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        launch(inputs, ReduceOut::Input, out)
+    }
+
+    /// GPU `reduce_fused` with FP8 e4m3fn output (`fp8_format = 'e4m3'`), saturating: a new
+    /// contiguous `(T, H)` tensor.
+    ///
+    /// Errors: as [`reduce_fused`] (`sf` is allowed).
+    pub fn reduce_fused_e4m3<T: ReduceElement>(
+        inputs: &DeviceReduceFusedInputs<'_, T>,
+    ) -> Result<DeviceTensor<F8E4M3>> {
+        let shape =
+            ReduceFusedParams::new(ReduceOut::E4m3).validate(&inputs.layouts(), T::DTYPE)?;
+        let mut out = inputs.x.device().alloc::<F8E4M3>(&shape.out_shape())?;
+        reduce_fused_e4m3_into(inputs, &mut out.view_mut())?;
+        Ok(out)
+    }
+
+    /// [`reduce_fused_e4m3`] into a caller-provided contiguous `out (T, H)` e4m3fn.
+    ///
+    /// Errors: as [`reduce_fused_into`].
+    pub fn reduce_fused_e4m3_into<T: ReduceElement>(
+        inputs: &DeviceReduceFusedInputs<'_, T>,
+        out: &mut DeviceViewMut<'_, F8E4M3>,
+    ) -> Result<()> {
+        launch(inputs, ReduceOut::E4m3, out)
+    }
+
+    fn launch<T: ReduceElement, O: Element>(
+        inputs: &DeviceReduceFusedInputs<'_, T>,
+        fmt: ReduceOut,
+        out: &mut DeviceViewMut<'_, O>,
+    ) -> Result<()> {
+        let shape = ReduceFusedParams::new(fmt).validate(&inputs.layouts(), T::DTYPE)?;
+        let dev = inputs.x.device();
+        check_device("token_topk_to_pos", dev, inputs.token_topk_to_pos.device())?;
+        for (arg, v) in [
+            ("x_sf", &inputs.x_sf),
+            ("topk_weights", &inputs.topk_weights),
+            ("sf", &inputs.sf),
+        ] {
+            if let Some(v) = v {
+                check_device(arg, dev, v.device())?;
+            }
+        }
+        check_device("out", dev, out.device())?;
+        check_out("out", out.layout(), &shape.out_shape())?;
+        if shape.num_tokens == 0 || shape.hidden == 0 {
+            return Ok(());
+        }
+        let (in_size, out_size) = (
+            std::mem::size_of::<T>() as u64,
+            std::mem::size_of::<O>() as u64,
+        );
+        let x_addr = inputs.x.address();
+        let out_addr = out.address();
+        let ldx_bytes = row_stride(inputs.x.layout()) * in_size;
+        let h = shape.hidden as u64;
+        // 16-byte input accesses when every row allows them (and the outputs align), else one
+        // column per access.
+        let wide = 16 / in_size;
+        let cols = if access_bytes(&[x_addr, ldx_bytes, h * in_size]) == 16
+            && h % wide == 0
+            && out_addr % (wide * out_size) == 0
+        {
+            wide
+        } else {
+            1
+        };
+        let opts = ReduceOptions {
+            weights: inputs.topk_weights.is_some(),
+            x_sf: inputs.x_sf.is_some(),
+            sf: inputs.sf.is_some(),
+        };
+        let f = dev.function(&kernel_spec(
+            T::DTYPE,
+            fmt,
+            cols as usize,
+            shape.num_topk,
+            opts,
+        ))?;
+        let ldx = ldx_bytes / (cols * in_size);
+        let n = h / cols;
+        let addr_or_null =
+            |v: &Option<DeviceView<'_, f32>>| v.as_ref().map_or(0u64, |v| v.address());
+        let (xsf_addr, w_addr, sf_addr) = (
+            addr_or_null(&inputs.x_sf),
+            addr_or_null(&inputs.topk_weights),
+            addr_or_null(&inputs.sf),
+        );
+        let ld_xsf = inputs.x_sf.as_ref().map_or(0u64, |v| v.strides()[0] as u64);
+        let ld_w = inputs
+            .topk_weights
+            .as_ref()
+            .map_or(0u64, |v| row_stride(v.layout()));
+        let ttp = inputs.token_topk_to_pos.address();
+        let ld_ttp = row_stride(inputs.token_topk_to_pos.layout());
+        let (t, m) = (shape.num_tokens as u64, shape.num_rows as u64);
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&out_addr)
+            .arg(&x_addr)
+            .arg(&ldx)
+            .arg(&xsf_addr)
+            .arg(&ld_xsf)
+            .arg(&w_addr)
+            .arg(&ld_w)
+            .arg(&ttp)
+            .arg(&ld_ttp)
+            .arg(&sf_addr)
+            .arg(&t)
+            .arg(&m)
+            .arg(&n);
+        // SAFETY: validation bounds every access: x rows p < M only (other entries are skipped
+        // by the kernel), x_sf[p] for the same p, weights and the map (T, K), sf[0], out (T, H)
+        // contiguous; absent tensors (null) are never read (their specialisation flag is 0); the
+        // access width divides every address, pitch and row length; the buffers outlive the
+        // stream-ordered launch.
+        unsafe { l.launch(config(blocks(shape.num_tokens, 8), THREADS)) }
+            .ctx("launching tk_reduce_fused")?;
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ use crate::expand_to_fused::ExpandToFusedParams;
 use crate::index::check_indices;
 
 /// For every fused row, the token copied into it (`None`: a zero row), after checking the
-/// contract of [`crate::expand_to_fused`]: entries `-1` or in `0..M`, no collision, no targeted
+/// contract of [`crate::expand_to_fused`](mod@crate::expand_to_fused): entries `-1` or in `0..M`, no collision, no targeted
 /// padding row. Errors are [`TkError::Param`] naming `token_topk_to_pos`.
 pub(crate) fn row_sources(
     token_topk_to_pos: &HostView<'_, i32>,

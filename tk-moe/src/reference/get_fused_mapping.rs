@@ -3,35 +3,14 @@
 use tk_core::{HostTensor, HostView, Result, TkError};
 
 use super::row;
-use crate::get_fused_mapping::{segment_len, FusedRows, GetFusedMappingParams};
+use crate::get_fused_mapping::{segment_len, FusedMaps, FusedRows, GetFusedMappingParams};
 use crate::index::check_indices;
 
-/// The seven mapping tensors of `get_fused_mapping`, in upstream's order (all int32,
-/// contiguous; meanings in [`crate::get_fused_mapping`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FusedMapping {
-    /// `(M,)`: expert of each fused row, `-1` for padding.
-    pub pos_to_expert: HostTensor<i32>,
-    /// `(M,)`: token of each fused row, `-1` for padding.
-    pub pos_to_token: HostTensor<i32>,
-    /// `(M,)`: flat slot `t·K + k` of each fused row, `-1` for padding.
-    pub pos_to_token_topk: HostTensor<i32>,
-    /// `(T, K)`: fused row of each slot, `-1` for `-1` slots.
-    pub token_topk_to_pos: HostTensor<i32>,
-    /// `(E,)`: first row of each expert's segment.
-    pub expert_start: HostTensor<i32>,
-    /// `(E,)`: one past the last row of each expert's segment.
-    pub expert_end: HostTensor<i32>,
-    /// `(E,)`: padded segment lengths `align(c_e, a)`.
-    pub num_tokens_per_expert: HostTensor<i32>,
-}
+/// The seven mapping tensors of `get_fused_mapping` on the host ([`FusedMaps`] of host
+/// tensors).
+pub type FusedMapping = FusedMaps<HostTensor<i32>>;
 
 impl FusedMapping {
-    /// `M`: rows of the fused buffer.
-    pub fn num_rows(&self) -> usize {
-        self.pos_to_expert.shape()[0]
-    }
-
     /// `Σ_e align(c_e, a)` = `expert_end[E-1]`: the rows the segments occupy (upstream's
     /// `num_tokens_per_expert_list` summed); `<= num_rows()`.
     pub fn used_rows(&self) -> usize {
@@ -40,7 +19,7 @@ impl FusedMapping {
 }
 
 /// CPU `get_fused_mapping(topk_idx (T, K) i64, params) -> FusedMapping` (§4.11). Rows inside a
-/// segment are in ascending flat index `t·K + k` (see [`crate::get_fused_mapping`] for every
+/// segment are in ascending flat index `t·K + k` (see [`crate::get_fused_mapping`](mod@crate::get_fused_mapping) for every
 /// rule).
 ///
 /// Errors: those of [`GetFusedMappingParams::validate`]; [`TkError::Param`] naming `topk_idx`

@@ -1,7 +1,7 @@
 //! CPU references (also the CPU backend, feature `cpu`): the exact semantics of
 //! `spec/moe.md` §4.6–§4.14, written for clarity rather than speed. They share their validation
-//! with the future GPU ops (each op's `*Params::validate`), check every index input against the
-//! contract of [`crate::index`] before writing anything, and are what the GPU kernels will be
+//! with the GPU ops (each op's `*Params::validate`), check every index input against the
+//! contract of [`crate::index`] before writing anything, and are what the GPU kernels are
 //! tested against, bit for bit.
 //!
 //! | function | spec | what |

@@ -15,7 +15,7 @@ pub struct NormalizedWeights {
 }
 
 /// CPU `normalize_weight(topk_weights (T, K)) -> (denominator (T,), normalized (T, K))`
-/// (§4.10), bit-exact: see [`crate::normalize_weight`].
+/// (§4.10), bit-exact: see [`crate::normalize_weight`](mod@crate::normalize_weight).
 ///
 /// Errors: those of [`NormalizeWeightParams::validate`].
 pub fn normalize_weight(topk_weights: &HostView<'_, f32>) -> Result<NormalizedWeights> {

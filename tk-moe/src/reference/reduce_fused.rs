@@ -6,65 +6,13 @@ use tk_core::{HostTensor, HostView, Result};
 use super::{elem, row};
 use crate::index::check_indices;
 use crate::reduce_fused::{
-    ReduceElement, ReduceFusedLayouts, ReduceFusedParams, ReduceFusedShape, ReduceOut,
+    ReduceElement, ReduceFusedParams, ReduceFusedShape, ReduceFusedTensors, ReduceOut,
 };
 
-/// The tensor arguments of [`reduce_fused`] / [`reduce_fused_e4m3`] (shapes and rules in
-/// [`crate::reduce_fused`]).
-#[derive(Debug, Clone)]
-pub struct ReduceFusedInputs<'a, T> {
-    /// `x (M, H)`: the fused buffer.
-    pub x: HostView<'a, T>,
-    /// `x_sf (M,)` fp32: one scale per fused row, applied to the slot's weight.
-    pub x_sf: Option<HostView<'a, f32>>,
-    /// `topk_weights (T, K)` fp32; absent = weight `1.0`.
-    pub topk_weights: Option<HostView<'a, f32>>,
-    /// `token_topk_to_pos (T, K)` i32.
-    pub token_topk_to_pos: HostView<'a, i32>,
-    /// `sf (1,)` fp32: global output multiplier (e4m3 output only).
-    pub sf: Option<HostView<'a, f32>>,
-}
-
-impl<'a, T: ReduceElement> ReduceFusedInputs<'a, T> {
-    /// Just `x` and the map (unit weights, no scales).
-    pub fn new(x: HostView<'a, T>, token_topk_to_pos: HostView<'a, i32>) -> Self {
-        Self {
-            x,
-            x_sf: None,
-            topk_weights: None,
-            token_topk_to_pos,
-            sf: None,
-        }
-    }
-
-    /// Adds the per-slot weights.
-    pub fn with_weights(mut self, topk_weights: HostView<'a, f32>) -> Self {
-        self.topk_weights = Some(topk_weights);
-        self
-    }
-
-    /// Adds the per-row input scales.
-    pub fn with_x_sf(mut self, x_sf: HostView<'a, f32>) -> Self {
-        self.x_sf = Some(x_sf);
-        self
-    }
-
-    /// Adds the global output scale (e4m3 output only).
-    pub fn with_sf(mut self, sf: HostView<'a, f32>) -> Self {
-        self.sf = Some(sf);
-        self
-    }
-
-    fn layouts(&self) -> ReduceFusedLayouts<'_> {
-        ReduceFusedLayouts {
-            x: self.x.layout(),
-            x_sf: self.x_sf.as_ref().map(|v| v.layout()),
-            topk_weights: self.topk_weights.as_ref().map(|v| v.layout()),
-            token_topk_to_pos: self.token_topk_to_pos.layout(),
-            sf: self.sf.as_ref().map(|v| v.layout()),
-        }
-    }
-}
+/// The tensor arguments of [`reduce_fused`] / [`reduce_fused_e4m3`]:
+/// [`ReduceFusedTensors`] of host views (shapes and rules in [`crate::reduce_fused`](mod@crate::reduce_fused)).
+pub type ReduceFusedInputs<'a, T> =
+    ReduceFusedTensors<HostView<'a, T>, HostView<'a, f32>, HostView<'a, i32>>;
 
 /// Validates and computes the fp32 results `r` of every `(t, h)` (before the conversion).
 fn reduce_f32<T: ReduceElement>(
@@ -114,7 +62,7 @@ fn reduce_f32<T: ReduceElement>(
 }
 
 /// CPU `reduce_fused` with output in `x`'s dtype (`fp8_format = ''`, §4.14): per token, the
-/// FMA accumulation in slot order of [`crate::reduce_fused`], rounded RNE to `T`.
+/// FMA accumulation in slot order of [`crate::reduce_fused`](mod@crate::reduce_fused), rounded RNE to `T`.
 ///
 /// Errors: those of [`ReduceFusedParams::validate`] (`sf` given is an error here), and
 /// [`tk_core::TkError::Param`] naming `token_topk_to_pos` for an entry other than `-1` or

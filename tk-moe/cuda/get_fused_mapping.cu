@@ -1,0 +1,191 @@
+// get_fused_mapping (spec/moe.md 4.11): the expert-major layout of the legal entries of topk_idx
+// (T, K), rows inside a segment in ascending flat index t*K + k. Deterministic: counts are exact
+// integers and every position comes from prefix sums, never from the order of atomics.
+//
+// Defines: TK_K (slots per token), TK_E (experts, <= 1024).
+//
+// Three entries, launched in this order on one stream (the host-sync convenience reads the
+// layout's end between 2 and 3 to size the row maps):
+// 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
+//    [b*L, (b+1)*L) per expert into cnt[b, :].
+// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e],
+//    summed by up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of
+//    A_e gives expert_start; writes start, end and A_e, and turns cnt[b, e] into the first row
+//    of chunk b's entries of expert e.
+// 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
+//    order; an entry's row is base[e] + (same-expert entries in earlier warps of the tile, from
+//    per-warp counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
+//    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
+//    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
+//    e mod B) and the rows after the last segment (grid-stride).
+// Positions are computed in 64 bits; values written to the int32 outputs saturate at INT32_MAX.
+#include "tk/moe.cuh"
+
+#ifndef TK_K
+#error "TK_K must be defined"
+#endif
+#ifndef TK_E
+#error "TK_E must be defined"
+#endif
+
+using namespace tkm;
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr i64 I32_MAX = 2147483647;
+
+__device__ __forceinline__ i32 sat_i32(i64 v) { return (i32)(v < I32_MAX ? v : I32_MAX); }
+
+// cnt: (B + 1, E) i32 scratch (rows 0..B written here); idx: (T, K) i64 row stride ld.
+extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __restrict__ cnt, const i64* __restrict__ idx,
+                                                                     u64 ld, u64 T, u64 L) {
+    __shared__ u32 hist[TK_E];  // (E,) counts of this chunk
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) hist[e] = 0;
+    __syncthreads();
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
+    count_into(hist, idx, ld, TK_K, begin + threadIdx.x, end, THREADS, TK_E);
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)hist[e];
+}
+
+// Threads per expert in tk_fused_scan: a power of two <= 32 (one warp segment) with
+// E_pad * G <= 1024, E_pad the next power of two >= E.
+__host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
+constexpr int SCAN_G = 1024 / pow2_at_least(TK_E) < 32 ? 1024 / pow2_at_least(TK_E) : 32;
+
+// Exclusive block scan (1024 threads) of one i64 per thread.
+__device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    i64 incl = v;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const i64 o = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += o;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        i64 s = warp_sums[lane];
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            const i64 o = __shfl_up_sync(0xffffffffu, s, d);
+            if (lane >= d) s += o;
+        }
+        warp_sums[lane] = s;  // inclusive over warps
+    }
+    __syncthreads();
+    return incl - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+}
+
+// cnt: (B + 1, E) i32; rows 0..B in: chunk counts, out: first row of each chunk's entries
+// (saturated); row B out: c_e (the raw counts); expert_start, expert_end,
+// num_tokens_per_expert: (E,) i32. One block of 1024 threads: SCAN_G consecutive threads per
+// expert (a warp segment) share its B chunks, scan their partial sums with shuffles, and one
+// block scan over the experts gives the segment starts.
+extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
+                                                                 i32* __restrict__ expert_start,
+                                                                 i32* __restrict__ expert_end,
+                                                                 i32* __restrict__ num_tokens_per_expert) {
+    __shared__ i64 warp_sums[32];
+    __shared__ i64 seg[1024];  // (E,) A_e, then expert_start
+    const u32 e = threadIdx.x / SCAN_G, s = threadIdx.x % SCAN_G;
+    const bool active = e < TK_E;
+    const u64 per = (B + SCAN_G - 1) / SCAN_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
+    i64 local = 0;  // this thread's chunks of expert e
+    if (active)
+        for (u64 b = b0; b < b1; ++b) local += cnt[b * TK_E + e];
+    i64 incl = local;  // inclusive scan within the expert's segment of SCAN_G lanes
+#pragma unroll
+    for (int d = 1; d < SCAN_G; d *= 2) {
+        const i64 o = __shfl_up_sync(0xffffffffu, incl, d, SCAN_G);
+        if (s >= d) incl += o;
+    }
+    const i64 total = __shfl_sync(0xffffffffu, incl, SCAN_G - 1, SCAN_G);  // c_e
+    const i64 len = (total + a - 1) / a * a;                               // A_e
+    if (active && s == 0) seg[e] = len;
+    __syncthreads();
+    const i64 start_t = block_exclusive_scan(threadIdx.x < TK_E ? seg[threadIdx.x] : 0, warp_sums);
+    __syncthreads();  // every seg[] read is done
+    if (threadIdx.x < TK_E) seg[threadIdx.x] = start_t;
+    __syncthreads();
+    if (!active) return;
+    const i64 start = seg[e];
+    if (s == 0) {
+        cnt[B * TK_E + e] = (i32)total;  // <= T*K <= INT32_MAX
+        expert_start[e] = sat_i32(start);
+        expert_end[e] = sat_i32(start + len);
+        num_tokens_per_expert[e] = sat_i32(len);
+    }
+    i64 run = start + incl - local;
+    for (u64 b = b0; b < b1; ++b) {
+        const i32 c = cnt[b * TK_E + e];
+        cnt[b * TK_E + e] = sat_i32(run);
+        run += c;
+    }
+}
+
+// base: (B + 1, E) i32 from tk_fused_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
+// contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_scan.
+extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx,
+                                                                       u64 ld, u64 T, u64 L, u64 M, i32* __restrict__ ttp,
+                                                                       i32* __restrict__ pos_to_expert,
+                                                                       i32* __restrict__ pos_to_token,
+                                                                       i32* __restrict__ pos_to_token_topk,
+                                                                       const i32* __restrict__ expert_start,
+                                                                       const i32* __restrict__ expert_end) {
+    // Padding rows: the tail of each segment (experts e = b mod B), then the rows after the
+    // last segment (grid-stride). Disjoint from the rows of real entries.
+    const u64 B = gridDim.x;
+    for (u32 e = blockIdx.x; e < TK_E; e += gridDim.x) {
+        const u64 first = (u64)expert_start[e] + (u64)base[B * TK_E + e], last = min((u64)expert_end[e], M);
+        for (u64 p = first + threadIdx.x; p < last; p += THREADS) {
+            pos_to_expert[p] = -1;
+            pos_to_token[p] = -1;
+            pos_to_token_topk[p] = -1;
+        }
+    }
+    for (u64 p = (u64)expert_end[TK_E - 1] + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
+        pos_to_expert[p] = -1;
+        pos_to_token[p] = -1;
+        pos_to_token_topk[p] = -1;
+    }
+    __shared__ i64 running[TK_E];     // (E,) next row of each expert for this block
+    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) entries per expert in each warp of the tile
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
+        running[e] = base[(u64)blockIdx.x * TK_E + e];
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
+    }
+    __syncthreads();
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
+    for (u64 tile = begin; tile < end; tile += THREADS) {
+        const u64 i = tile + threadIdx.x;
+        const u64 t = i / TK_K, k = i % TK_K;
+        const i64 v = i < end ? legal_or_minus_one(__ldg(idx + t * ld + k), TK_E) : -1;
+        const u32 same = __match_any_sync(0xffffffffu, (unsigned long long)v);
+        const u32 below = __popc(same & ((1u << lane) - 1));
+        const bool leader = below == 0;
+        if (v >= 0 && leader) wcnt[warp][v] = __popc(same);
+        __syncthreads();
+        if (v >= 0) {
+            i64 p = running[v] + below;
+            for (u32 w = 0; w < warp; ++w) p += wcnt[w][v];
+            if (p < (i64)M) {
+                ttp[i] = (i32)p;
+                pos_to_expert[p] = (i32)v;
+                pos_to_token[p] = (i32)t;
+                pos_to_token_topk[p] = (i32)i;
+            } else {
+                ttp[i] = -1;
+            }
+        } else if (i < end) {
+            ttp[i] = -1;
+        }
+        __syncthreads();
+        if (v >= 0 && leader) {
+            atomicAdd(reinterpret_cast<unsigned long long*>(running + v), (unsigned long long)__popc(same));
+            wcnt[warp][v] = 0;
+        }
+        __syncthreads();
+    }
+}

@@ -1,0 +1,94 @@
+//! Launch plumbing shared by the GPU ops (feature `cuda`): the crate's kernel headers, output
+//! and placement checks, grid sizes, access widths and stream-ordered zero fills.
+
+use cudarc::driver::LaunchConfig;
+use tk_core::error::DriverContext;
+use tk_core::{Device, DeviceViewMut, Element, Layout, Result, TkError};
+
+/// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
+pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
+
+/// Threads per block of every kernel but `tk_fused_scan` and the one-thread-per-row kernels.
+pub(crate) const THREADS: u32 = 256;
+
+/// Threads per block of the one-thread-per-row kernels (`normalize_weight`,
+/// `inplace_unique_group_indices`): small blocks spread the few rows over more SMs.
+pub(crate) const ROW_THREADS: u32 = 128;
+
+/// Checks that the output `arg` has exactly `shape` and is contiguous.
+pub(crate) fn check_out(arg: &'static str, layout: &Layout, shape: &[usize]) -> Result<()> {
+    if layout.shape() != shape {
+        return Err(TkError::Shape {
+            arg,
+            expected: format!("{shape:?}"),
+            got: layout.shape().to_vec(),
+        });
+    }
+    if !layout.is_contiguous() {
+        return Err(TkError::Stride {
+            arg,
+            expected: "a contiguous (row-major) output".into(),
+            got: layout.strides().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `other` (the tensor `arg`) lives on `dev`'s context.
+pub(crate) fn check_device(arg: &'static str, dev: &Device, other: &Device) -> Result<()> {
+    if dev.same_device(other) {
+        Ok(())
+    } else {
+        Err(TkError::Placement {
+            arg,
+            msg: "must be on the same device as the op's first input".into(),
+        })
+    }
+}
+
+/// The row stride (elements) of a rank-2 layout.
+pub(crate) fn row_stride(layout: &Layout) -> u64 {
+    layout.strides()[0] as u64
+}
+
+/// Blocks for `work` items at `per_block` items per block: at least 1, at most 2^30 (the
+/// kernels loop over the rest).
+pub(crate) fn blocks(work: usize, per_block: usize) -> u32 {
+    work.div_ceil(per_block.max(1)).clamp(1, 1 << 30) as u32
+}
+
+/// A 1-D launch configuration.
+pub(crate) fn config(blocks: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The widest access (16, 8, 4, 2 or 1 bytes) that divides every value of `parts` (addresses,
+/// row pitches and row lengths in bytes).
+pub(crate) fn access_bytes(parts: &[u64]) -> usize {
+    [16u64, 8, 4, 2]
+        .into_iter()
+        .find(|&v| parts.iter().all(|p| p % v == 0))
+        .unwrap_or(1) as usize
+}
+
+/// Enqueues a zero fill of the elements of the contiguous view `v` (a stream-ordered memset:
+/// no host synchronisation, capturable in a CUDA graph).
+pub(crate) fn zero_fill<T: Element>(v: &mut DeviceViewMut<'_, T>) -> Result<()> {
+    debug_assert!(v.layout().is_contiguous());
+    let bytes = v.layout().numel() * std::mem::size_of::<T>();
+    if bytes == 0 {
+        return Ok(());
+    }
+    let dev = v.device();
+    let ptr = v.address();
+    // SAFETY: `v` is a contiguous view, checked to lie inside its buffer when it was made, so
+    // the `bytes` bytes from its first element belong to that buffer, which outlives the
+    // stream-ordered memset (frees are ordered on the same stream).
+    #[allow(unsafe_code)]
+    unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, dev.stream().cu_stream()) }
+        .ctx("cuMemsetD8Async")
+}
