@@ -190,8 +190,7 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 
 #if TK_BK > 0
 // ---------------------------------------------------------------------------------------------
-// Tiled path (grid x: column tiles, so concurrent CTAs cover whole row bands; y: row tiles).
-// CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
+// Tiled path. CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
 // (ly, lx) of warp w owns the fragments of rows tile_m*TM + (w*LY + ly)*RPT + i (i < RPT) at
 // columns tile_k*LX*VEC + lx*VEC .. (+VEC). BM == 1: each row is its own block row;
 // BM > 1: the tile's rows are one block row (TM == BM). A column block is LK = BK/VEC adjacent
@@ -221,8 +220,12 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;
-    for (u64 tm = blockIdx.y; tm < tiles_m; tm += gridDim.y) {
-        for (u64 tk = blockIdx.x; tk < tiles_k; tk += gridDim.x) {
+    // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands);
+    // taller blocks: grid x walks row tiles.
+    const u64 gx = TK_BM == 1 ? tiles_k : tiles_m;
+    for (u64 ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
+        for (u64 tx = blockIdx.x; tx < gx; tx += gridDim.x) {
+            const u64 tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
             const u64 c0 = tk * TKC + lx * VEC;                  // first column of this thread's fragments
             const u64 r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < p.k;

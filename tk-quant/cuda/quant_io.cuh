@@ -110,12 +110,10 @@ __device__ __forceinline__ float decode_elem(const Raw& raw, int j) {
 #elif TK_IN == 1
     return __uint_as_float(((w >> (16 * (j % 2))) & 0xFFFF) << 16);
 #elif TK_IN == 2
-    // The 7 magnitude bits shifted into an fp32's exponent/mantissa give 2^-120 times the
-    // value (normal and subnormal codes alike), so one exact multiply by 2^120 decodes it;
-    // 0x7F / 0xFF are NaN (as the CPU decodes them: a quiet NaN with the code's sign).
-    const u32 b = (w >> (8 * (j % 4))) & 0xFF, sign = (b & 0x80) << 24;
-    return (b & 0x7F) == 0x7F ? __uint_as_float(sign | 0x7FC00000u)
-                              : __fmul_rn(__uint_as_float(sign | (b & 0x7F) << 20), 0x1p120f);
+    // 0x7F / 0xFF are NaN; CUDA's conversion gives the half NaN 0x7FFF (fp32 0x7FFFE000),
+    // the CPU decoder a quiet NaN 0x7FC00000: NaN input data is unsupported (spec §5 item 6).
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((w >> (8 * (j % 4))) & 0xFF, __NV_E4M3);
+    return __half2float(__half(h));
 #elif TK_IN == 3
     const u32 nib = (w >> (4 * j)) & 0xF, mag = nib & 7;
     u32 bits = mag >= 2 ? (((mag >> 1) + 126) << 23) | ((mag & 1) << 22) : (mag ? 0x3F000000u : 0u);

@@ -307,11 +307,20 @@ impl CastKernel {
                 let tm = if self.block.0 == 1 { 32 } else { self.block.0 };
                 let tk = self.lx() * self.vec();
                 LaunchConfig {
-                    grid_dim: (
-                        plan.k.div_ceil(tk).min(big) as u32,
-                        plan.m.div_ceil(tm).min(65535) as u32,
-                        1,
-                    ),
+                    // Per-token: x along column tiles, y along row tiles; else the reverse.
+                    grid_dim: if self.block.0 == 1 {
+                        (
+                            plan.k.div_ceil(tk).min(big) as u32,
+                            plan.m.div_ceil(tm).min(65535) as u32,
+                            1,
+                        )
+                    } else {
+                        (
+                            plan.m.div_ceil(tm).min(big) as u32,
+                            plan.k.div_ceil(tk).min(65535) as u32,
+                            1,
+                        )
+                    },
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 }

@@ -19,6 +19,8 @@
 //! Deviations / choices (all in inputs upstream never produces):
 //! * Packed scales without `round_sf` are rejected (upstream's kernel stores garbage, its
 //!   reference the floor exponent byte), as everywhere in this crate.
+//! * A NaN product `x · inv` (a NaN input, or `inf · 0` in a row with an infinite `amax`) is
+//!   encoded from the GPU's canonical NaN `0x7FFFFFFF` (code `0x800`), as the kernel does.
 //! * An infinite `amax` follows the kernel (rounded: `inv = −inf` from the wrapped exponent);
 //!   upstream's reference clamps that exponent and uses `inv = 0`. Scaled values never reach
 //!   `65536`, where the kernel's and reference's round-toward-zero conversions differ; the
@@ -37,6 +39,18 @@ use tk_core::{HostTensor, HostView, Result, TkError};
 
 use crate::scale::{HostScales, ScaleGrid, ScaleOptions, ScaleView};
 use crate::types::{check_matrix, row, DequantElement, PlainInput};
+
+/// `fl(a · b)` with a NaN result given the GPU's canonical bits `0x7FFFFFFF` (a CPU keeps an
+/// input NaN's payload or produces `0xFFC00000` for `inf · 0`). The E5M6 encoder reads the
+/// product's low 17 bits, so a NaN's bits decide its code (`0x800` for the GPU's NaN).
+fn gpu_mul(a: f32, b: f32) -> f32 {
+    let p = a * b;
+    if p.is_nan() {
+        f32::from_bits(0x7FFF_FFFF)
+    } else {
+        p
+    }
+}
 
 /// Casts `x` `(M, K)` (fp32 or bf16, `K % 8 == 0`) to packed E5M6 with one scale per row
 /// (§3.2). Returns the bytes `(M, 3K/2)` (contiguous) and the scales, grid `(M, 1)` in the
@@ -67,7 +81,7 @@ pub fn cast_to_e5m6(
         let (sf, inv) = compute_scale(amax, QuantFormat::E5M6, opts.round_sf);
         scales.set(r, 0, sf);
         for group in vals.chunks_exact(8) {
-            let codes: [u16; 8] = std::array::from_fn(|i| e5m6_from_f32(group[i] * inv));
+            let codes: [u16; 8] = std::array::from_fn(|i| e5m6_from_f32(gpu_mul(group[i], inv)));
             bytes.extend(pack_e5m6(&codes).map(E5M6Bytes));
         }
     }
