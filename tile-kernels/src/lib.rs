@@ -48,7 +48,11 @@ pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
             .map(|s| ("transpose", s)),
     );
     #[cfg(feature = "quant")]
-    v.extend(tk_quant::registered_kernels().into_iter().map(|s| ("quant", s)));
+    v.extend(
+        tk_quant::registered_kernels()
+            .into_iter()
+            .map(|s| ("quant", s)),
+    );
     #[cfg(feature = "gating")]
     v.extend(
         tk_gating::registered_kernels()
