@@ -1,5 +1,5 @@
 //! CPU lossless FP4 → FP8 requantization (`spec/quant.md` §3.4): its own algorithm, in
-//! integer exponent space (no generic cast involved). See [`crate::per_block_cast_lossless`]
+//! integer exponent space (no generic cast involved). See [`crate::per_block_cast_lossless`](mod@crate::per_block_cast_lossless)
 //! for the algorithm, the preconditions (static and data-dependent) and the deviations from
 //! upstream.
 
