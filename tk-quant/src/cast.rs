@@ -222,7 +222,7 @@ impl CastKernel {
             // 3 would make them spill).
             None => {
                 let plain = !matches!(self.input, InputKind::Quantized { .. });
-                let minb = if self.block.0 == 1 && plain { 3 } else { 2 };
+                let minb = if self.block.0 == 1 && plain { 4 } else { 2 };
                 s.define("TK_LX", self.lx()).define("TK_MINB", minb)
             }
         }

@@ -4,15 +4,17 @@
 //! of fp32/bf16 (or already quantized) activations to FP8 e4m3, FP4 e2m1 and E5M6 with fp32 or
 //! UE8M0 scale factors, and the casts back.
 //!
-//! **Status:** the CPU side exists: the scale machinery ([`scale`]), the argument types
-//! ([`types`]), one host module per op (parameters and validation with upstream's
-//! preconditions) and the CPU references ([`reference`](mod@reference), feature `cpu`,
-//! default), which are the correctness argument and the CPU backend. The GPU kernels are
-//! pending; they will live in the op modules and be tested against these references bit for
-//! bit.
+//! **Status:** the plain casts run on the GPU (feature `cuda`, default): [`per_token_cast`](fn@per_token_cast)
+//! (+ sf-only, precomputed, from quantized input, [`per_token_cast_to_e5m6`](fn@per_token_cast_to_e5m6)),
+//! [`per_block_cast`](fn@per_block_cast) (+ variants), [`per_block_cast_lossless`](fn@per_block_cast_lossless), [`per_channel_cast`](fn@per_channel_cast),
+//! [`cast_back`](fn@cast_back) / [`per_token_cast_back`](fn@per_token_cast_back) / [`cast_back_e5m6`](fn@cast_back_e5m6), on device types from
+//! [`device`]; each is bit-exact with its CPU reference ([`reference`](mod@reference), feature
+//! `cpu`, default; data and the scales' full allocation, padding included). The fused SwiGLU
+//! and per-channel-transpose ops have their CPU side only so far.
 //!
 //! | module | contents |
 //! |---|---|
+//! | [`device`] | device argument and result types: [`DevicePlainInput`], [`DeviceQuantDataView`] / [`DeviceQuantData`], [`DeviceScaleView`] / [`DeviceScales`], [`DeviceQuantInput`], [`DeviceCastInput`] |
 //! | [`scale`] | [`ScaleOptions`] → [`ScaleLayout`] (A row-major fp32, B TMA-aligned column-major fp32, C packed UE8M0), [`ScaleGrid`] geometry, [`HostScales`], the input-scale reader rules ([`scale::detect_scale_layout`], [`ScaleView`]) |
 //! | [`types`] | [`CastFormat`], [`PlainInput`], [`QuantDataView`] / [`QuantData`], [`QuantInput`], [`CastInput`], [`DequantElement`] |
 //! | [`plan`] | [`CastMode`] (cast / sf-only / precomputed), [`CastPlan`] (what every op's `validate` returns) |
@@ -52,8 +54,11 @@
 //! # }
 //! ```
 
-// Without the CPU backend the links to it in these docs have no target.
-#![cfg_attr(not(feature = "cpu"), allow(rustdoc::broken_intra_doc_links))]
+// Without the CPU backend or the GPU ops the links to them in these docs have no target.
+#![cfg_attr(
+    not(all(feature = "cpu", feature = "cuda")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 #[cfg(feature = "cuda")]
 mod cast;
