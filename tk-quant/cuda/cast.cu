@@ -122,9 +122,10 @@ __device__ __forceinline__ u32 e2m1_code(float x) {
     const u32 e = max(__float_as_uint(a) >> 23, 127u);              // biased exponent, at least that of 1.0
     const float m = __uint_as_float(((e + 22) << 23) | 0x400000u);  // 1.5 * 2^23 * spacing
     const float r = fminf(__fsub_rn(__fadd_rn(a, m), m), 6.0f);     // rounded, saturated
-    // r in {0, .5, 1, 1.5, 2, 3, 4, 6}: code = 2r for r <= 1, else from r's exponent and top
-    // mantissa bit ((bits >> 22) - 252: 1 -> 2, 1.5 -> 3, 2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7).
-    const u32 mag = r <= 1.0f ? (u32)(2.0f * r) : (__float_as_uint(r) >> 22) - 252;
+    // r in {0, .5, 1, 1.5, 2, 3, 4, 6}: (bits >> 22) - 252 is the code from 1 up (1 -> 2,
+    // 1.5 -> 3, 2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7), 0 for 0.5 and negative for 0; integer ops only.
+    const u32 rb = __float_as_uint(r);
+    const u32 mag = (u32)max((int)(rb >> 22) - 252, 0) + (rb == 0x3F000000u ? 1u : 0u);
     const u32 sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 8;  // NaN -> +6
     return mag | sign;
 }
