@@ -131,6 +131,24 @@ __device__ __forceinline__ u32 e2m1_code(float x) {
 }
 #endif
 
+#if TK_FMT == 2
+// E5M6 ("enc12", spec/quant.md 1.3) of the 8 values v * inv: round-toward-zero binary16, then
+// the 17-low-bit adjustment; packed into three little-endian words (c0 most significant).
+__device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&inv)[VEC], u32* w) {  // w: (3,) words
+    u32 c[8];  // (8,) 12-bit codes
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float x = __fmul_rn(v[j], inv[j]);
+        u32 t = (u32)__half_as_ushort(__float2half_rz(x)) >> 4;
+        if ((t & 1) + (__float_as_uint(x) & 0x1FFFFu) > 0x10000u) ++t;
+        c[j] = t & 0xFFF;
+    }
+    w[0] = c[0] << 20 | c[1] << 8 | c[2] >> 4;
+    w[1] = (c[2] & 0xF) << 28 | c[3] << 16 | c[4] << 4 | c[5] >> 8;
+    w[2] = (c[5] & 0xFF) << 24 | c[6] << 12 | c[7];
+}
+#endif
+
 // Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
 __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
@@ -149,18 +167,8 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
         if (c0 + j < p.k) dst[j] = q[j];
 #endif
 #elif TK_FMT == 2
-    // E5M6 ("enc12", spec/quant.md 1.3): round-toward-zero binary16, then the 17-low-bit
-    // adjustment; 8 codes packed into three little-endian words (c0 most significant).
-    u32 c[8];  // (8,) 12-bit codes
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float x = __fmul_rn(v[j], inv[j]);
-        u32 t = (u32)__half_as_ushort(__float2half_rz(x)) >> 4;
-        if ((t & 1) + (__float_as_uint(x) & 0x1FFFFu) > 0x10000u) ++t;
-        c[j] = t & 0xFFF;
-    }
-    const u32 w[3] = {c[0] << 20 | c[1] << 8 | c[2] >> 4, (c[2] & 0xF) << 28 | c[3] << 16 | c[4] << 4 | c[5] >> 8,
-                      (c[5] & 0xFF) << 24 | c[6] << 12 | c[7]};  // (3,) packed words
+    u32 w[3];  // (3,) packed words of 8 E5M6 codes
+    e5m6_words(v, inv, w);
     u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2 * 3) + c0 / 2 * 3;  // (12,) bytes of row r
 #if TK_VECIO
     u32* d = reinterpret_cast<u32*>(dst);
@@ -326,6 +334,10 @@ constexpr int NWARPS = TK_THREADS / 32;
 
 extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p) {
     __shared__ float red[NWARPS];  // (warps,) partial amax
+#if TK_FMT == 2 && TK_VECIO
+    __shared__ __align__(16) u32 stage_buf[NWARPS][96];  // (warps, 32 lanes x 3 words) E5M6 staging
+    u32 (*stage)[96] = stage_buf;
+#endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (u64 r = blockIdx.x; r < p.m; r += gridDim.x) {
         Raw raw[TK_NF];  // (NF fragments, VEC columns)
@@ -361,6 +373,24 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
+#if TK_FMT == 2 && TK_VECIO
+            // E5M6: a warp's 32 fragments are 384 contiguous bytes; staged through shared
+            // memory they go out as 24 coalesced 16-byte stores instead of 96 scattered words.
+            const u64 row_bytes = p.k / 2 * 3;
+            const bool staged = __all_sync(0xFFFFFFFFu, c0 < p.k) && (p.out + r * row_bytes) % 16 == 0;
+            if (staged) {
+                float v[VEC];
+                values(p, raw[i], r, c0, v);
+                e5m6_words(v, iv, stage[warp] + 3 * lane);
+                __syncwarp();
+                if (lane < 24) {
+                    uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<u8*>(p.out) + r * row_bytes + (c0 - lane * VEC) / 2 * 3);  // (24,) x 16 bytes
+                    dst[lane] = reinterpret_cast<const uint4*>(stage[warp])[lane];
+                }
+                __syncwarp();
+                continue;
+            }
+#endif
             if (c0 >= p.k) continue;
             float v[VEC];
             values(p, raw[i], r, c0, v);
