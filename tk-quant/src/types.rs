@@ -138,6 +138,20 @@ pub(crate) fn check_nonempty_k(arg: &'static str, layout: &Layout, k: usize) -> 
     Ok(())
 }
 
+/// `fl(a · b)` as the GPU computes it: a NaN result is the GPU's canonical NaN `0x7FFFFFFF`
+/// (a CPU keeps an input NaN's payload, or makes `0xFFC00000` of `inf · 0`). The references use
+/// it wherever a product's NaN bits reach the output: the fp32 results of the casts back, and
+/// the E5M6 encoder, which reads the product's low 17 bits.
+#[cfg(feature = "cpu")]
+pub(crate) fn gpu_mul(a: f32, b: f32) -> f32 {
+    let p = a * b;
+    if p.is_nan() {
+        f32::from_bits(0x7FFF_FFFF)
+    } else {
+        p
+    }
+}
+
 /// Row `r` of a view validated by [`check_matrix`] (`r < rows`), as a slice.
 #[cfg(feature = "cpu")]
 pub(crate) fn row<'v, T: Element>(view: &HostView<'v, T>, r: usize) -> &'v [T] {
@@ -436,7 +450,7 @@ impl<'a> QuantInput<'a> {
         for (c, v) in out[start..].iter_mut().enumerate() {
             // In range by validation: r / bm < nbm and c / bk < nbk.
             let s = self.sf.get(r / bm, c / bk).unwrap_or(f32::NAN);
-            *v *= s;
+            *v = gpu_mul(*v, s);
         }
     }
 }

@@ -20,7 +20,8 @@
 //! * Packed scales without `round_sf` are rejected (upstream's kernel stores garbage, its
 //!   reference the floor exponent byte), as everywhere in this crate.
 //! * A NaN product `x · inv` (a NaN input, or `inf · 0` in a row with an infinite `amax`) is
-//!   encoded from the GPU's canonical NaN `0x7FFFFFFF` (code `0x800`), as the kernel does.
+//!   encoded from the GPU's canonical NaN `0x7FFFFFFF` (code `0x800`), as the kernel does;
+//!   likewise a NaN product in the cast back is that NaN.
 //! * An infinite `amax` follows the kernel (rounded: `inv = −inf` from the wrapped exponent);
 //!   upstream's reference clamps that exponent and uses `inv = 0`. Scaled values never reach
 //!   `65536`, where the kernel's and reference's round-toward-zero conversions differ; the
@@ -38,19 +39,7 @@ use tk_core::dtype::E5M6Bytes;
 use tk_core::{HostTensor, HostView, Result, TkError};
 
 use crate::scale::{HostScales, ScaleGrid, ScaleOptions, ScaleView};
-use crate::types::{check_matrix, row, DequantElement, PlainInput};
-
-/// `fl(a · b)` with a NaN result given the GPU's canonical bits `0x7FFFFFFF` (a CPU keeps an
-/// input NaN's payload or produces `0xFFC00000` for `inf · 0`). The E5M6 encoder reads the
-/// product's low 17 bits, so a NaN's bits decide its code (`0x800` for the GPU's NaN).
-fn gpu_mul(a: f32, b: f32) -> f32 {
-    let p = a * b;
-    if p.is_nan() {
-        f32::from_bits(0x7FFF_FFFF)
-    } else {
-        p
-    }
-}
+use crate::types::{check_matrix, gpu_mul, row, DequantElement, PlainInput};
 
 /// Casts `x` `(M, K)` (fp32 or bf16, `K % 8 == 0`) to packed E5M6 with one scale per row
 /// (§3.2). Returns the bytes `(M, 3K/2)` (contiguous) and the scales, grid `(M, 1)` in the
@@ -128,7 +117,7 @@ pub fn cast_back_from_e5m6<O: DequantElement>(
                 let c = 8 * g + i;
                 // In range by the shape check: r / bm < nbm, c / bk < nbk.
                 let s = sf.get(r / bm, c / bk).unwrap_or(f32::NAN);
-                out.push(O::from_f32(e5m6_to_f32(code) * s));
+                out.push(O::from_f32(gpu_mul(e5m6_to_f32(code), s)));
             }
         }
     }
