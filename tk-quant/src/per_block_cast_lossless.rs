@@ -427,10 +427,9 @@ mod gpu {
         let vecio = args.x % 4 == 0 && args.ldx % 4 == 0 && args.out % 8 == 0;
         let packed = matches!(x.sf, DeviceScaleView::Packed(_));
         let sms = dev.props().sm_count as usize;
-        for (pass, items) in [
-            (1u8, plan.output.grid.nbm() * plan.output.grid.nbk()),
-            (2, m * k / 8),
-        ] {
+        // Pass 1: one warp (32 items) per output block; pass 2: 4 fragments per thread.
+        let out_blocks = plan.output.grid.nbm() * plan.output.grid.nbk();
+        for (pass, items) in [(1u8, 32 * out_blocks), (2, (m * k / 8).div_ceil(4))] {
             let spec = kernel_spec(
                 pass,
                 packed,
