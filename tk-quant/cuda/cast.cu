@@ -244,6 +244,32 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 if (col_ok && r0 + i < p.m) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0);
                 else for (int w = 0; w < RAW_WORDS; ++w) raw[i].w[w] = 0;
             }
+#if TK_BM == 1 && TK_MODE != 2
+            // Per-token blocks: one row at a time (amax, scale, cast), so that only the raw
+            // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                const bool row_ok = col_ok && r0 + i < p.m;
+                float v[VEC];  // (VEC,) values of row r0 + i
+                values(p, raw[i], r0 + i, c0, v);
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[j]));
+#pragma unroll
+                for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+                float sf, inv;
+                compute_scale(a, sf, inv);
+                const u64 kb = c0 / TK_BK;
+                if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
+#if TK_MODE == 0
+                float iv[VEC];
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) iv[j] = inv;
+                if (row_ok) store_frag(p, r0 + i, c0, v, iv);
+#endif
+            }
+            continue;
+#endif
             float sf[NR][NB], inv[NR][NB];  // per block row and block column of the fragments
 #if TK_MODE == 2
 #pragma unroll
