@@ -33,7 +33,13 @@ static SOURCE: KernelSource = KernelSource {
     file: "cast.cu",
     entry: "tk_cast",
     code: include_str!("../cuda/cast.cu"),
-    headers: &[("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh"))],
+    headers: &[
+        ("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh")),
+        (
+            "tk/quant_scale.cuh",
+            include_str!("../cuda/quant_scale.cuh"),
+        ),
+    ],
     needs_cuda_headers: true,
 };
 

@@ -94,6 +94,14 @@ pub use per_channel_cast::PerChannelCastParams;
 #[cfg(feature = "cuda")]
 pub use per_channel_cast::{per_channel_cast, per_channel_cast_into};
 pub use per_channel_cast_and_transpose::PerChannelCastAndTransposeParams;
+#[cfg(feature = "cuda")]
+pub use per_channel_cast_and_transpose::{
+    per_channel_cast_and_transpose, per_channel_cast_and_transpose_into,
+};
+#[cfg(feature = "cuda")]
+pub use per_channel_cast_fused::{
+    per_channel_cast_fused, per_channel_cast_fused_into, DeviceFusedInput,
+};
 pub use per_channel_cast_fused::{FusedInput, PerChannelCastFusedParams};
 #[cfg(feature = "cuda")]
 pub use per_token_cast::{
@@ -104,8 +112,24 @@ pub use per_token_cast::{
 pub use per_token_cast::{PerTokenCastParams, PerTokenE5M6Params};
 pub use plan::{CastMode, CastPlan};
 pub use scale::{HostScales, ScaleGrid, ScaleLayout, ScaleOptions, ScaleView};
+#[cfg(feature = "cuda")]
+pub use swiglu_backward_and_per_token_cast::{
+    swiglu_backward_and_per_token_cast, swiglu_backward_and_per_token_cast_into,
+    DeviceSwigluBackwardInputs, DeviceSwigluBackwardOutput, DeviceSwigluBackwardOutputsMut,
+};
 pub use swiglu_backward_and_per_token_cast::{SwigluBackwardInputs, SwigluBackwardParams};
 pub use swiglu_forward_and_per_channel_cast_and_transpose::SwigluPerChannelParams;
+#[cfg(feature = "cuda")]
+pub use swiglu_forward_and_per_channel_cast_and_transpose::{
+    swiglu_forward_and_per_channel_cast_and_transpose,
+    swiglu_forward_and_per_channel_cast_and_transpose_into,
+};
+#[cfg(feature = "cuda")]
+pub use swiglu_forward_and_per_token_cast::{
+    swiglu_forward_and_per_token_cast, swiglu_forward_and_per_token_cast_into,
+    DeviceSwigluForwardInputs, DeviceSwigluForwardOutput, DeviceSwigluOut, DeviceSwigluOutMut,
+    DeviceTopkWeights,
+};
 pub use swiglu_forward_and_per_token_cast::{
     SwigluForwardInputs, SwigluForwardParams, SwigluOutFormat, TopkWeights,
 };
@@ -119,6 +143,11 @@ pub use types::{
 pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
     let mut v = cast::registered_kernels();
     v.extend(cast_back::registered_kernels());
+    v.extend(swiglu_forward_and_per_token_cast::registered_kernels());
+    v.extend(swiglu_backward_and_per_token_cast::registered_kernels());
+    v.extend(per_channel_cast_and_transpose::registered_kernels());
+    v.extend(per_channel_cast_fused::registered_kernels());
+    v.extend(swiglu_forward_and_per_channel_cast_and_transpose::registered_kernels());
     v
 }
 

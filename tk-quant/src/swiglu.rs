@@ -83,3 +83,59 @@ pub(crate) fn check_rank2<T: tk_core::Element>(
         }),
     }
 }
+
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::*;
+
+/// Device-side checks the GPU SwiGLU ops (and the per-channel casts) share.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use tk_core::{Device, DeviceView, Result, TkError};
+
+    use crate::cast::check_same_device;
+
+    /// Checks that the device vector `view` (argument `arg`) is `(n,)` int32 on `dev` and
+    /// returns its element stride.
+    pub(crate) fn check_device_vector(
+        arg: &'static str,
+        view: &DeviceView<'_, i32>,
+        n: usize,
+        dev: &Device,
+    ) -> Result<u64> {
+        if view.shape() != [n] {
+            return Err(TkError::Shape {
+                arg,
+                expected: format!("({n},): one int32 entry per row"),
+                got: view.shape().to_vec(),
+            });
+        }
+        check_same_device(arg, dev, view.device())?;
+        Ok(view.strides()[0] as u64)
+    }
+
+    /// Checks that the device matrix `view` (argument `arg`) is 2-D on `dev` and returns its
+    /// `(rows, cols)` and element strides.
+    pub(crate) fn check_device_rank2<T: tk_core::Element>(
+        arg: &'static str,
+        view: &DeviceView<'_, T>,
+        what: &str,
+        dev: &Device,
+    ) -> Result<((usize, usize), (u64, u64))> {
+        let [r, c] = *view.shape() else {
+            return Err(TkError::Shape {
+                arg,
+                expected: format!("rank 2 {what}"),
+                got: view.shape().to_vec(),
+            });
+        };
+        check_same_device(arg, dev, view.device())?;
+        let s = view.strides();
+        Ok(((r, c), (s[0] as u64, s[1] as u64)))
+    }
+
+    /// True if every value (device addresses and row pitches in bytes) is a multiple of 16,
+    /// which lets a kernel use 16-byte vector accesses.
+    pub(crate) fn all_aligned16(values: &[u64]) -> bool {
+        values.iter().all(|v| v % 16 == 0)
+    }
+}
