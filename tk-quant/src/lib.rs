@@ -143,6 +143,7 @@ pub use types::{
 pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
     let mut v = cast::registered_kernels();
     v.extend(cast_back::registered_kernels());
+    v.extend(swiglu::registered_kernels());
     v.extend(swiglu_forward_and_per_token_cast::registered_kernels());
     v.extend(swiglu_backward_and_per_token_cast::registered_kernels());
     v.extend(per_channel_cast_and_transpose::registered_kernels());

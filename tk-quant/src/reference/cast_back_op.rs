@@ -8,7 +8,7 @@
 //! `cast_back` op with its `K % 64 == 0` precondition. Where both accept an input, they return
 //! the same bits.
 //!
-//! See [`crate::cast_back`] for shapes, dtypes, preconditions and the deviations from
+//! See [`crate::cast_back`](mod@crate::cast_back) for shapes, dtypes, preconditions and the deviations from
 //! upstream.
 
 use tk_core::dtype::E5M6Bytes;

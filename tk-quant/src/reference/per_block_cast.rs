@@ -3,7 +3,7 @@
 //! `(bm, bk)` ([`cast`](fn@super::cast), [`cast_sf_only`](fn@super::cast_sf_only),
 //! [`cast_with_precomputed_sf`](fn@super::cast_with_precomputed_sf)).
 //!
-//! See [`crate::per_block_cast`] for shapes, dtypes, preconditions and the deviations from
+//! See [`crate::per_block_cast`](mod@crate::per_block_cast) for shapes, dtypes, preconditions and the deviations from
 //! upstream.
 
 use tk_core::{HostView, Result};

@@ -2,7 +2,7 @@
 //! ([`crate::per_channel_cast::validate`]) followed by the generic reference
 //! [`cast`](fn@super::cast) with block `(128, 1)`, e4m3, layout A.
 //!
-//! See [`crate::per_channel_cast`] for shapes, dtypes, preconditions and the deviations from
+//! See [`crate::per_channel_cast`](mod@crate::per_channel_cast) for shapes, dtypes, preconditions and the deviations from
 //! upstream.
 
 use tk_core::Result;

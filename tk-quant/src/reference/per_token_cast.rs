@@ -4,7 +4,7 @@
 //! [`cast_with_precomputed_sf`](fn@super::cast_with_precomputed_sf)), or by
 //! [`cast_to_e5m6`](fn@super::cast_to_e5m6) for E5M6.
 //!
-//! See [`crate::per_token_cast`] for shapes, dtypes, preconditions and the deviations from
+//! See [`crate::per_token_cast`](mod@crate::per_token_cast) for shapes, dtypes, preconditions and the deviations from
 //! upstream.
 
 use tk_core::dtype::E5M6Bytes;
