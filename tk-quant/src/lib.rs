@@ -7,9 +7,12 @@
 //! **Status:** the CPU side exists: the scale machinery ([`scale`]), the argument types
 //! ([`types`]), one host module per op (parameters and validation with upstream's
 //! preconditions) and the CPU references ([`reference`](mod@reference), feature `cpu`,
-//! default), which are the correctness argument and the CPU backend. The GPU kernels are
-//! pending; they will live in the op modules and be tested against these references bit for
-//! bit.
+//! default), which are the correctness argument and the CPU backend. The GPU ops (feature
+//! `cuda`) live in the op modules and are tested against these references bit for bit:
+//! the block-scaled casts and casts back, and the fused ops — SwiGLU forward / backward with a
+//! per-token cast, SwiGLU forward with a per-channel cast (and transpose),
+//! `per_channel_cast_and_transpose` and `per_channel_cast_fused` (the SwiGLU ones exact given
+//! CUDA's `expf`, see [`swiglu`]).
 //!
 //! | module | contents |
 //! |---|---|
