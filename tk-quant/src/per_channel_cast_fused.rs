@@ -133,38 +133,16 @@ pub fn validate(
     pos_to_token: Option<&HostView<'_, i32>>,
     params: &PerChannelCastFusedParams,
 ) -> Result<PerChannelCastFusedPlan> {
-    if params.num_per_tokens != NUM_PER_TOKENS {
-        return Err(TkError::param(
-            "num_per_tokens",
-            format!(
-                "per_channel_cast_fused supports num_per_tokens = 128 only, got {}",
-                params.num_per_tokens
-            ),
-        ));
-    }
+    check_num_per_tokens(params)?;
     let (n_in, k) = match x {
         FusedInput::Plain(p) => {
-            if let Some(npc) = params.num_per_channels {
-                return Err(TkError::param(
-                    "num_per_channels",
-                    format!("must be None for a plain (fp32 / bf16) input, got {npc}"),
-                ));
-            }
+            check_num_per_channels(false, params)?;
             let (n, k) = p.validate("x")?;
-            require_multiple("x", &[n, k], "K", k, 64, "the kernel tiles columns by 64")?;
+            check_k(n, k, false)?;
             (n, k)
         }
         FusedInput::Quantized { data, sf } => {
-            if params.num_per_channels != Some(NUM_PER_CHANNELS) {
-                return Err(TkError::param(
-                    "num_per_channels",
-                    format!(
-                        "a fused cast back reads (1, 128) input scales: num_per_channels must \
-                         be Some(128), got {:?}",
-                        params.num_per_channels
-                    ),
-                ));
-            }
+            check_num_per_channels(true, params)?;
             let (n, k) = check_matrix("x", data.layout())?;
             if k == 0 {
                 return Err(TkError::Empty {
@@ -172,42 +150,14 @@ pub fn validate(
                     shape: data.shape().to_vec(),
                 });
             }
-            require_multiple(
-                "x",
-                &[n, k],
-                "K",
-                k,
-                NUM_PER_CHANNELS,
-                "the input scales cover groups of 128 columns",
-            )?;
-            let (sr, sc) = check_matrix("x.sf", sf.layout())?;
-            if (sr, sc) != (n, k / NUM_PER_CHANNELS) {
-                return Err(TkError::Shape {
-                    arg: "x.sf",
-                    expected: format!("(N_in, K/128) = ({n}, {}) fp32", k / NUM_PER_CHANNELS),
-                    got: vec![sr, sc],
-                });
-            }
+            check_k(n, k, true)?;
+            check_input_scales(n, k, check_matrix("x.sf", sf.layout())?)?;
             (n, k)
         }
     };
     let n_out = match pos_to_token {
         Some(map) => {
-            let [n_out] = *map.shape() else {
-                return Err(TkError::Shape {
-                    arg: "pos_to_token",
-                    expected: "rank 1 (N_out,) int32".into(),
-                    got: map.shape().to_vec(),
-                });
-            };
-            require_multiple(
-                "pos_to_token",
-                &[n_out],
-                "N_out",
-                n_out,
-                16,
-                "upstream's kernel tiles gathered rows by 16",
-            )?;
+            let n_out = map_len(map.shape())?;
             for i in 0..n_out {
                 let src = map.at(&[i]);
                 if src >= 0 && src as usize >= n_in {
@@ -217,8 +167,101 @@ pub fn validate(
                     ));
                 }
             }
-            n_out
+            Some(n_out)
         }
+        None => None,
+    };
+    plan(n_in, k, n_out)
+}
+
+/// `num_per_tokens` must be 128.
+pub(crate) fn check_num_per_tokens(params: &PerChannelCastFusedParams) -> Result<()> {
+    if params.num_per_tokens != NUM_PER_TOKENS {
+        return Err(TkError::param(
+            "num_per_tokens",
+            format!(
+                "per_channel_cast_fused supports num_per_tokens = 128 only, got {}",
+                params.num_per_tokens
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `num_per_channels` must be `None` for plain input and `Some(128)` for a fused cast back.
+pub(crate) fn check_num_per_channels(
+    quantized: bool,
+    params: &PerChannelCastFusedParams,
+) -> Result<()> {
+    match (quantized, params.num_per_channels) {
+        (false, Some(npc)) => Err(TkError::param(
+            "num_per_channels",
+            format!("must be None for a plain (fp32 / bf16) input, got {npc}"),
+        )),
+        (true, npc) if npc != Some(NUM_PER_CHANNELS) => Err(TkError::param(
+            "num_per_channels",
+            format!(
+                "a fused cast back reads (1, 128) input scales: num_per_channels must be \
+                 Some(128), got {npc:?}"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `K % 64 == 0` for plain input, `K % 128 == 0` for a fused cast back (`x` is `(n, k)`).
+pub(crate) fn check_k(n: usize, k: usize, quantized: bool) -> Result<()> {
+    if quantized {
+        require_multiple(
+            "x",
+            &[n, k],
+            "K",
+            k,
+            NUM_PER_CHANNELS,
+            "the input scales cover groups of 128 columns",
+        )
+    } else {
+        require_multiple("x", &[n, k], "K", k, 64, "the kernel tiles columns by 64")
+    }
+}
+
+/// The fused cast back's scales `(sr, sc)` must be `(N_in, K/128)`.
+pub(crate) fn check_input_scales(n: usize, k: usize, (sr, sc): (usize, usize)) -> Result<()> {
+    if (sr, sc) != (n, k / NUM_PER_CHANNELS) {
+        return Err(TkError::Shape {
+            arg: "x.sf",
+            expected: format!("(N_in, K/128) = ({n}, {}) fp32", k / NUM_PER_CHANNELS),
+            got: vec![sr, sc],
+        });
+    }
+    Ok(())
+}
+
+/// The length `N_out` of a `pos_to_token` of shape `shape`: 1-D with `N_out % 16 == 0`.
+pub(crate) fn map_len(shape: &[usize]) -> Result<usize> {
+    let [n_out] = *shape else {
+        return Err(TkError::Shape {
+            arg: "pos_to_token",
+            expected: "rank 1 (N_out,) int32".into(),
+            got: shape.to_vec(),
+        });
+    };
+    require_multiple(
+        "pos_to_token",
+        &[n_out],
+        "N_out",
+        n_out,
+        16,
+        "upstream's kernel tiles gathered rows by 16",
+    )?;
+    Ok(n_out)
+}
+
+/// The plan of a call on `(n_in, k)` input with `n_out` mapped rows (`None`: no map, then
+/// `N_in % 128 == 0`).
+pub(crate) fn plan(n_in: usize, k: usize, n_out: Option<usize>) -> Result<PerChannelCastFusedPlan> {
+    let n_out = match n_out {
+        Some(n) => n,
         None => {
             require_multiple(
                 "x",
@@ -258,16 +301,18 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 mod gpu {
     use float8::F8E4M3;
-    use tk_core::{DeviceView, KernelSource, KernelSpec, Result, TkError};
+    use tk_core::{DeviceView, KernelSource, KernelSpec, Result};
 
-    use super::{PerChannelCastFusedParams, NUM_PER_CHANNELS, NUM_PER_TOKENS};
+    use super::{
+        check_input_scales, check_k, check_num_per_channels, check_num_per_tokens, map_len, plan,
+        PerChannelCastFusedParams, NUM_PER_TOKENS,
+    };
     use crate::cast::check_same_device;
     use crate::device::{DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
     use crate::per_channel_cast_and_transpose::{
         launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS,
     };
-    use crate::plan::{require_multiple, CastPlan};
-    use crate::scale::ScaleLayout;
+    use crate::plan::CastPlan;
     use crate::swiglu::check_device_vector;
     use crate::types::{check_matrix, check_nonempty_k, CastFormat};
 
@@ -330,26 +375,13 @@ mod gpu {
         pos_to_token: Option<&DeviceView<'_, i32>>,
         params: &PerChannelCastFusedParams,
     ) -> Result<(CastPlan, PerChannelArgs, Vec<u64>)> {
-        if params.num_per_tokens != NUM_PER_TOKENS {
-            return Err(TkError::param(
-                "num_per_tokens",
-                format!(
-                    "per_channel_cast_fused supports num_per_tokens = 128 only, got {}",
-                    params.num_per_tokens
-                ),
-            ));
-        }
+        check_num_per_tokens(params)?;
         let mut a = PerChannelArgs::default();
         let (n_in, k, align) = match x {
             DeviceFusedInput::Plain(p) => {
-                if let Some(npc) = params.num_per_channels {
-                    return Err(TkError::param(
-                        "num_per_channels",
-                        format!("must be None for a plain (fp32 / bf16) input, got {npc}"),
-                    ));
-                }
+                check_num_per_channels(false, params)?;
                 let (n, k) = p.validate("x")?;
-                require_multiple("x", &[n, k], "K", k, 64, "the kernel tiles columns by 64")?;
+                check_k(n, k, false)?;
                 let bytes = if matches!(p, DevicePlainInput::BF16(_)) {
                     2
                 } else {
@@ -359,34 +391,11 @@ mod gpu {
                 (n, k, vec![a.x, a.ldx * bytes])
             }
             DeviceFusedInput::Quantized { data, sf } => {
-                if params.num_per_channels != Some(NUM_PER_CHANNELS) {
-                    return Err(TkError::param(
-                        "num_per_channels",
-                        format!(
-                            "a fused cast back reads (1, 128) input scales: num_per_channels \
-                             must be Some(128), got {:?}",
-                            params.num_per_channels
-                        ),
-                    ));
-                }
+                check_num_per_channels(true, params)?;
                 let (n, k) = check_matrix("x", data.layout())?;
                 check_nonempty_k("x", data.layout(), k)?;
-                require_multiple(
-                    "x",
-                    &[n, k],
-                    "K",
-                    k,
-                    NUM_PER_CHANNELS,
-                    "the input scales cover groups of 128 columns",
-                )?;
-                let (sr, sc) = check_matrix("x.sf", sf.layout())?;
-                if (sr, sc) != (n, k / NUM_PER_CHANNELS) {
-                    return Err(TkError::Shape {
-                        arg: "x.sf",
-                        expected: format!("(N_in, K/128) = ({n}, {}) fp32", k / NUM_PER_CHANNELS),
-                        got: vec![sr, sc],
-                    });
-                }
+                check_k(n, k, true)?;
+                check_input_scales(n, k, check_matrix("x.sf", sf.layout())?)?;
                 check_same_device("x.sf", data.device(), sf.device())?;
                 (a.x, a.ldx) = (data.address(), data.strides()[0] as u64);
                 (a.xs, a.xs_ld) = (sf.address(), sf.strides()[0] as u64);
@@ -396,45 +405,14 @@ mod gpu {
         a.n_in = n_in as u64;
         let n_out = match pos_to_token {
             Some(map) => {
-                let [n_out] = *map.shape() else {
-                    return Err(TkError::Shape {
-                        arg: "pos_to_token",
-                        expected: "rank 1 (N_out,) int32".into(),
-                        got: map.shape().to_vec(),
-                    });
-                };
-                require_multiple(
-                    "pos_to_token",
-                    &[n_out],
-                    "N_out",
-                    n_out,
-                    16,
-                    "upstream's kernel tiles gathered rows by 16",
-                )?;
+                let n_out = map_len(map.shape())?;
                 a.map_s = check_device_vector("pos_to_token", map, n_out, device(x))?;
                 a.map = map.address();
-                n_out
+                Some(n_out)
             }
-            None => {
-                require_multiple(
-                    "x",
-                    &[n_in, k],
-                    "M",
-                    n_in,
-                    128,
-                    "without pos_to_token the output has the input's rows, in blocks of 128",
-                )?;
-                n_in
-            }
+            None => None,
         };
-        let plan = CastPlan::new_arg(
-            n_out,
-            k,
-            (NUM_PER_TOKENS, 1),
-            ScaleLayout::RowMajorF32,
-            "num_per_tokens",
-        )?;
-        Ok((plan, a, align))
+        Ok((plan(n_in, k, n_out)?.cast, a, align))
     }
 
     fn device<'d>(x: &'d DeviceFusedInput<'_>) -> &'d tk_core::Device {
@@ -448,7 +426,7 @@ mod gpu {
     /// `(N_out, K)`) and `out_sf` (fp32 layout A `(ceil(N_out/128), K)`).
     ///
     /// Errors: those of [`super::validate`] (map values aside, see the module docs), `out` /
-    /// `out_sf` (format, shape, contiguity, layout, grid), [`TkError::Placement`].
+    /// `out_sf` (format, shape, contiguity, layout, grid), [`tk_core::TkError::Placement`].
     pub fn per_channel_cast_fused_into(
         x: &DeviceFusedInput<'_>,
         pos_to_token: Option<&DeviceView<'_, i32>>,

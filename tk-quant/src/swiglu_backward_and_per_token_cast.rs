@@ -60,11 +60,11 @@
 //!   stride (upstream: contiguous).
 //! * NaN / inf inputs are unsupported (§5 item 6).
 
-use tk_core::{HostView, Result, TkError};
+use tk_core::{HostView, Layout, Result, TkError};
 
 use crate::plan::{require_multiple, CastPlan};
 use crate::scale::ScaleLayout;
-use crate::swiglu::{check_clamp_value, check_rank2, check_vector};
+use crate::swiglu::{check_clamp_value, check_vector};
 use crate::types::{check_matrix, QuantDataView};
 use half::bf16;
 
@@ -148,9 +148,33 @@ pub fn validate(
     }
     let (n, two_h) = inputs.x.validate("x")?;
     let plan = validate_dims(n, two_h, params)?;
-    let h = plan.h;
-    let (sr, sc) = check_matrix("x_sf", inputs.x_sf.layout())?;
-    let nbk = plan.cast.grid.nbk();
+    let (t, k) = check_shapes(
+        &plan,
+        inputs.x_sf.layout(),
+        inputs.grad_out.layout(),
+        inputs.weight.layout(),
+        inputs.token_topk_to_pos.layout(),
+    )?;
+    check_vector("pos_to_token_topk", &inputs.pos_to_token_topk, n)?;
+    check_maps(&inputs.pos_to_token_topk, &inputs.token_topk_to_pos, n, k)?;
+    Ok(SwigluBackwardPlan {
+        topk_shape: (t, k),
+        ..plan
+    })
+}
+
+/// Checks the shapes of `x_sf` (`(N, 2H/npc)`, unit column stride), `grad_out` (`(N, H)`,
+/// unit column stride), `weight` (2-D `(T, k)`) and `token_topk_to_pos` (`(T, k)`) against
+/// `plan`; returns `(T, k)`.
+pub(crate) fn check_shapes(
+    plan: &SwigluBackwardPlan,
+    x_sf: &Layout,
+    grad_out: &Layout,
+    weight: &Layout,
+    token_topk_to_pos: &Layout,
+) -> Result<(usize, usize)> {
+    let (n, h, nbk) = (plan.n, plan.h, plan.cast.grid.nbk());
+    let (sr, sc) = check_matrix("x_sf", x_sf)?;
     if (sr, sc) != (n, nbk) {
         return Err(TkError::Shape {
             arg: "x_sf",
@@ -158,7 +182,7 @@ pub fn validate(
             got: vec![sr, sc],
         });
     }
-    let (gr, gc) = check_matrix("grad_out", inputs.grad_out.layout())?;
+    let (gr, gc) = check_matrix("grad_out", grad_out)?;
     if (gr, gc) != (n, h) {
         return Err(TkError::Shape {
             arg: "grad_out",
@@ -166,20 +190,21 @@ pub fn validate(
             got: vec![gr, gc],
         });
     }
-    let (t, k) = check_rank2("weight", &inputs.weight, "(T, k) fp32")?;
-    if inputs.token_topk_to_pos.shape() != [t, k] {
+    let [t, k] = *weight.shape() else {
+        return Err(TkError::Shape {
+            arg: "weight",
+            expected: "rank 2 (T, k) fp32".into(),
+            got: weight.shape().to_vec(),
+        });
+    };
+    if token_topk_to_pos.shape() != [t, k] {
         return Err(TkError::Shape {
             arg: "token_topk_to_pos",
             expected: format!("(T, k) = ({t}, {k}), the shape of weight"),
-            got: inputs.token_topk_to_pos.shape().to_vec(),
+            got: token_topk_to_pos.shape().to_vec(),
         });
     }
-    check_vector("pos_to_token_topk", &inputs.pos_to_token_topk, n)?;
-    check_maps(&inputs.pos_to_token_topk, &inputs.token_topk_to_pos, n, k)?;
-    Ok(SwigluBackwardPlan {
-        topk_shape: (t, k),
-        ..plan
-    })
+    Ok((t, k))
 }
 
 /// The consistency of the two routing maps (see the module docs).
@@ -294,13 +319,13 @@ mod gpu {
     use half::bf16;
     use tk_core::error::DriverContext;
     use tk_core::{
-        Device, DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError,
+        Device, DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result,
     };
 
-    use super::{validate_dims, SwigluBackwardParams, NUM_PER_CHANNELS};
+    use super::{check_shapes, validate_dims, SwigluBackwardParams, NUM_PER_CHANNELS};
     use crate::cast::{check_out_scales, check_same_device};
     use crate::device::{check_contiguous, DeviceQuantData, DeviceScales};
-    use crate::swiglu::{all_aligned16, check_device_rank2, check_device_vector};
+    use crate::swiglu::{all_aligned16, check_device_vector};
     use crate::types::{check_matrix, check_nonempty_k};
 
     static SOURCE: KernelSource = KernelSource {
@@ -418,29 +443,11 @@ mod gpu {
         v
     }
 
-    /// Checks a `(rows, cols)` matrix view with unit column stride; errors name `arg`.
-    fn check_shape(
-        arg: &'static str,
-        layout: &tk_core::Layout,
-        expected: (usize, usize),
-        what: &str,
-    ) -> Result<u64> {
-        let got = check_matrix(arg, layout)?;
-        if got != expected {
-            return Err(TkError::Shape {
-                arg,
-                expected: format!("{expected:?} {what}"),
-                got: vec![got.0, got.1],
-            });
-        }
-        Ok(layout.strides()[0] as u64)
-    }
-
     /// `swiglu_backward_and_per_token_cast` on the GPU into caller-provided outputs.
     ///
     /// Errors: those of [`super::validate`] on the shapes (not the maps' values, see the
     /// module docs), each output's shape and contiguity, `x_grad_fp8_sf`'s layout (A) and grid,
-    /// and [`TkError::Placement`] for tensors on another device.
+    /// and [`tk_core::TkError::Placement`] for tensors on another device.
     pub fn swiglu_backward_and_per_token_cast_into(
         inputs: &DeviceSwigluBackwardInputs<'_>,
         params: &SwigluBackwardParams,
@@ -451,7 +458,6 @@ mod gpu {
         check_nonempty_k("x", inputs.x.layout(), two_h)?;
         let plan = validate_dims(n, two_h, params)?;
         let (h, npc) = (plan.h, params.num_per_channels);
-        let nbk = plan.cast.grid.nbk();
         let mut a = BwdArgs {
             x: inputs.x.address(),
             ldx: inputs.x.strides()[0] as u64,
@@ -459,28 +465,34 @@ mod gpu {
             h: h as u64,
             ..BwdArgs::default()
         };
-        a.xs_ld = check_shape("x_sf", inputs.x_sf.layout(), (n, nbk), "(N, 2H/npc) fp32")?;
-        check_same_device("x_sf", dev, inputs.x_sf.device())?;
-        a.xs = inputs.x_sf.address();
-        a.ldg = check_shape("grad_out", inputs.grad_out.layout(), (n, h), "(N, H) bf16")?;
-        check_same_device("grad_out", dev, inputs.grad_out.device())?;
-        a.g = inputs.grad_out.address();
-        let ((t, k), (s0, s1)) = check_device_rank2("weight", &inputs.weight, "(T, k) fp32", dev)?;
-        (a.w, a.w_s0, a.w_s1) = (inputs.weight.address(), s0, s1);
-        let ((tt, tk), (q0, q1)) = check_device_rank2(
-            "token_topk_to_pos",
-            &inputs.token_topk_to_pos,
-            "(T, k) int32",
-            dev,
+        let (t, k) = check_shapes(
+            &plan,
+            inputs.x_sf.layout(),
+            inputs.grad_out.layout(),
+            inputs.weight.layout(),
+            inputs.token_topk_to_pos.layout(),
         )?;
-        if (tt, tk) != (t, k) {
-            return Err(TkError::Shape {
-                arg: "token_topk_to_pos",
-                expected: format!("(T, k) = ({t}, {k}), the shape of weight"),
-                got: vec![tt, tk],
-            });
+        for (arg, d) in [
+            ("x_sf", inputs.x_sf.device()),
+            ("grad_out", inputs.grad_out.device()),
+            ("weight", inputs.weight.device()),
+            ("token_topk_to_pos", inputs.token_topk_to_pos.device()),
+        ] {
+            check_same_device(arg, dev, d)?;
         }
-        (a.ttp, a.ttp_s0, a.ttp_s1) = (inputs.token_topk_to_pos.address(), q0, q1);
+        (a.xs, a.xs_ld) = (inputs.x_sf.address(), inputs.x_sf.strides()[0] as u64);
+        (a.g, a.ldg) = (
+            inputs.grad_out.address(),
+            inputs.grad_out.strides()[0] as u64,
+        );
+        let ws = inputs.weight.strides();
+        (a.w, a.w_s0, a.w_s1) = (inputs.weight.address(), ws[0] as u64, ws[1] as u64);
+        let ts = inputs.token_topk_to_pos.strides();
+        (a.ttp, a.ttp_s0, a.ttp_s1) = (
+            inputs.token_topk_to_pos.address(),
+            ts[0] as u64,
+            ts[1] as u64,
+        );
         a.ptt_s = check_device_vector("pos_to_token_topk", &inputs.pos_to_token_topk, n, dev)?;
         a.ptt = inputs.pos_to_token_topk.address();
         (a.k, a.tk) = (k.max(1) as u64, (t * k) as u64);
