@@ -160,7 +160,6 @@ extern "C" __global__ void __launch_bounds__(256) tk_swiglu_forward_and_per_toke
 #pragma unroll
                     for (int j = 0; j < 8; ++j) l[i][j] = v[i][j] = 0.0f;
             }
-#pragma unroll
             float my_sf = 0.0f;  // lane i < RPT stores the scale of row r0 + i
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {

@@ -73,6 +73,16 @@ fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) {
     });
 }
 
+/// Workers for the MoE grids: 16, or 4 under TK_FULL_TEST (its 4001-token cases hold several
+/// gigabytes each).
+fn moe_workers() -> usize {
+    if full_test() {
+        4
+    } else {
+        16
+    }
+}
+
 /// The MoE sources: the spec's 12 configurations at [`SMALL_TOKENS`] tokens per rank; under
 /// TK_FULL_TEST also the full MoE grid (with its zero-token case) at [`SMALL_TOKENS`] and the
 /// 12 at the spec's 4001.
@@ -558,7 +568,7 @@ fn gpu_swiglu_forward_grid() {
         .flat_map(|m| hs.iter().map(move |&h| (m, h)))
         .collect();
     let done = AtomicUsize::new(0);
-    par_cases(&sources, 8, |(moe, h)| {
+    par_cases(&sources, moe_workers(), |(moe, h)| {
         let dev = dev.with_new_stream().unwrap();
         let name = format!("swiglu_fwd {} H={h}", moe.name());
         let data = moe_forward_data(&dev, moe, *h, &name);
@@ -851,13 +861,12 @@ impl BwdData {
     /// The reference's `expf` arguments in its order: `−X` (clamped) for each row, column.
     fn expf_args(&self, c: Option<f32>) -> Vec<f32> {
         let (n, two_h) = (self.q_layout.shape()[0], self.q_layout.shape()[1]);
-        let h = two_h / 2;
-        let q = self.q.view().with_layout(self.q_layout.clone()).unwrap();
+        let (h, ld, nbk) = (two_h / 2, self.q_layout.strides()[0], two_h / self.npc);
+        let (q, sf) = (self.q.as_slice(), self.sf.as_slice());
         let mut v = Vec::with_capacity(n * h);
         for i in 0..n {
             for j in 0..h {
-                let x =
-                    e4m3_to_f32(q.at(&[i, j]).to_bits()) * self.sf.view().at(&[i, j / self.npc]);
+                let x = e4m3_to_f32(q[i * ld + j].to_bits()) * sf[i * nbk + j / self.npc];
                 v.push(-clamp_gate(x, c).0);
             }
         }
@@ -964,7 +973,7 @@ fn gpu_swiglu_backward_grid() {
         }
     }
     let done = AtomicUsize::new(0);
-    par_cases(&sources, 8, |&(moe, h, npc)| {
+    par_cases(&sources, moe_workers(), |&(moe, h, npc)| {
         let dev = dev.with_new_stream().unwrap();
         let name = format!("swiglu_bwd {} H={h} npc={npc}", moe.name());
         let data = moe_backward_data(&dev, &moe, h, npc, &name);
@@ -1231,7 +1240,7 @@ fn gpu_swiglu_per_channel_grid() {
         }
     }
     let done = AtomicUsize::new(0);
-    par_cases(&cases, 8, |&(m, h, clamp)| {
+    par_cases(&cases, moe_workers(), |&(m, h, clamp)| {
         done.fetch_add(
             check_swiglu_per_channel(&dev.with_new_stream().unwrap(), m, h, 0, clamp, &table),
             Ordering::Relaxed,
@@ -1349,7 +1358,7 @@ fn gpu_per_channel_cast_fused_grid() {
         .flat_map(|s| generate_hidden_sizes(128).into_iter().map(move |k| (*s, k)))
         .collect();
     let done = AtomicUsize::new(0);
-    par_cases(&cases, 8, |&(moe, k)| {
+    par_cases(&cases, moe_workers(), |&(moe, k)| {
         let dev = dev.with_new_stream().unwrap();
         let name = format!(
             "per_channel_cast_fused {} K={k}",
