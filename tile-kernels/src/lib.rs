@@ -48,6 +48,10 @@ pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
             .map(|s| ("transpose", s)),
     );
     #[cfg(feature = "quant")]
-    v.extend(tk_quant::registered_kernels().into_iter().map(|s| ("quant", s)));
+    v.extend(
+        tk_quant::registered_kernels()
+            .into_iter()
+            .map(|s| ("quant", s)),
+    );
     v
 }
