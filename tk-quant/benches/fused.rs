@@ -23,9 +23,9 @@ use tk_moe::testing::{generate_moe_params_with, generate_topk_idx, MoeParams};
 use tk_quant::{
     CastFormat, DeviceCastInput, DeviceFusedInput, DevicePlainInput, DeviceQuantData, DeviceScales,
     DeviceSwigluBackwardInputs, DeviceSwigluBackwardOutputsMut, DeviceSwigluForwardInputs,
-    DeviceSwigluOutMut, PerChannelCastAndTransposeParams, PerChannelCastFusedParams,
-    PerTokenCastParams, ScaleOptions, SwigluBackwardParams, SwigluForwardParams,
-    SwigluPerChannelParams,
+    DeviceSwigluOutMut, DeviceTopkWeights, PerChannelCastAndTransposeParams,
+    PerChannelCastFusedParams, PerTokenCastParams, ScaleOptions, SwigluBackwardParams,
+    SwigluForwardParams, SwigluOutFormat, SwigluPerChannelParams,
 };
 
 /// Upstream's measured µs on our H200 (`bench/upstream-h200.md`): (op, params without `N=`, µs).
@@ -44,6 +44,38 @@ const UPSTREAM: &[(&str, &str, f64)] = &[
         "swiglu_forward_and_per_token_cast",
         "K=8 256/EP8 H=2048 e4m3 npc=128 C clamp=0.5 pte",
         134.1,
+    ),
+    // 2.1.0 rows (its "psum layout" row order and a routed scaling factor of 2.5 with the
+    // weights; the same bytes and arithmetic per element otherwise).
+    (
+        "swiglu_forward_and_per_token_cast",
+        "K=6 256/EP8 H=3584 fp32 weights",
+        189.6,
+    ),
+    (
+        "swiglu_forward_and_per_token_cast",
+        "K=6 256/EP8 H=3584 fp32 clamp=0.5",
+        185.2,
+    ),
+    (
+        "swiglu_forward_and_per_token_cast",
+        "K=6 256/EP8 H=3584 bf16 clamp=0.5",
+        155.1,
+    ),
+    (
+        "swiglu_forward_and_per_token_cast",
+        "K=6 256/EP8 H=3584 e4m3 npc=128 C clamp=0.5",
+        153.9,
+    ),
+    (
+        "swiglu_forward_and_per_token_cast",
+        "K=6 256/EP8 H=3584 bf16 weights",
+        147.7,
+    ),
+    (
+        "swiglu_forward_and_per_token_cast",
+        "K=6 256/EP8 H=3584 e4m3 npc=128 C weights",
+        132.0,
     ),
     (
         "swiglu_backward_and_per_token_cast",
@@ -196,6 +228,68 @@ fn bench_swiglu_forward(b: &mut Bench, x: &Normals) -> Result<()> {
                     })?;
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The formats and weights upstream 2.1.0 benchmarks: K=6, 256 experts / EP8, H=3584, fp32 /
+/// bf16 / e4m3 output, with the clamp 0.5 or with routing weights.
+fn bench_swiglu_forward_formats(b: &mut Bench, x: &Normals) -> Result<()> {
+    let dev = b.device().clone();
+    let moe = MoeParams {
+        num_send_tokens: 4001,
+        num_topk: 6,
+        num_experts: 32,
+        num_ep_ranks: 8,
+    };
+    let m = Moe::new(&moe, 16)?;
+    let (n, h) = (m.n(), 3584);
+    let ptt = dev.upload(&m.map.pos_to_token_topk)?;
+    let mut rng = Rng::for_case("bench fwd weights");
+    let w = dev.upload(&HostTensor::from_fn(&[m.t, m.k], |_| rng.normal()))?;
+    for weights in [false, true] {
+        for fmt in ["fp32", "bf16", "e4m3"] {
+            let mut params = match fmt {
+                "fp32" => SwigluForwardParams::plain(SwigluOutFormat::F32),
+                "bf16" => SwigluForwardParams::plain(SwigluOutFormat::BF16),
+                _ => SwigluForwardParams::cast(CastFormat::E4M3, 128, ScaleOptions::packed_ue8m0()),
+            };
+            if !weights {
+                params.swiglu_clamp_value = Some(0.5);
+            }
+            let npc = if fmt == "e4m3" { " npc=128 C" } else { "" };
+            let what = if weights { "weights" } else { "clamp=0.5" };
+            let p = with_n(&format!("{} H={h} {fmt}{npc} {what}", m.name), n);
+            if !b.enabled("swiglu_forward_and_per_token_cast", &p) {
+                continue;
+            }
+            let inputs = DeviceSwigluForwardInputs {
+                x: DevicePlainInput::BF16(x.matrix(n, 2 * h)?),
+                topk: weights.then(|| DeviceTopkWeights {
+                    pos_to_token_topk: ptt.view(),
+                    topk_weights: w.view(),
+                }),
+                pos_to_expert: None,
+            };
+            let mut out = tk_quant::swiglu_forward_and_per_token_cast(&inputs, &params)?.out;
+            let out_bytes = match &out {
+                tk_quant::DeviceSwigluOut::F32(_) => 4 * n * h,
+                tk_quant::DeviceSwigluOut::BF16(_) => 2 * n * h,
+                tk_quant::DeviceSwigluOut::Quantized(_, s) => n * h + sf_bytes(s),
+            };
+            // The spec's count: x, out, out_sf (the weights are not counted).
+            let bytes = n * 2 * h * 2 + out_bytes;
+            b.run("swiglu_forward_and_per_token_cast", &p, bytes, || {
+                let mut o = match &mut out {
+                    tk_quant::DeviceSwigluOut::F32(t) => DeviceSwigluOutMut::F32(t.view_mut()),
+                    tk_quant::DeviceSwigluOut::BF16(t) => DeviceSwigluOutMut::BF16(t.view_mut()),
+                    tk_quant::DeviceSwigluOut::Quantized(d, s) => {
+                        DeviceSwigluOutMut::Quantized(d.view_mut(), s)
+                    }
+                };
+                tk_quant::swiglu_forward_and_per_token_cast_into(&inputs, &params, &mut o, None)
+            })?;
         }
     }
     Ok(())
@@ -462,6 +556,7 @@ fn main() -> Result<()> {
     // Enough normals for the largest input: ~36k MoE rows x 2 x 7168 bf16.
     let x = Normals::new(b.device(), 40_000 * 2 * 7168, 0x5EED)?;
     bench_swiglu_forward(&mut b, &x)?;
+    bench_swiglu_forward_formats(&mut b, &x)?;
     bench_swiglu_backward(&mut b, &x)?;
     bench_swiglu_per_channel(&mut b, &x)?;
     bench_per_channel_transpose(&mut b, &x)?;
