@@ -20,6 +20,7 @@
 //   TK_VECIO     1: vector accesses (aligned rows, K % VEC == 0); 0: element accesses
 //   TK_THREADS, TK_NF  (whole-row path) threads per CTA and fragments per thread
 #include "tk/quant_io.cuh"
+#include "tk/quant_scale.cuh"
 
 // Kernel arguments (one struct, passed by value; mirrored by `CastArgs` in src/cast.rs).
 struct Params {
@@ -66,41 +67,13 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
 
 // (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4).
 __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
-    const float c = fmaxf(amax, TK_EPS);
-#if TK_ROUND
-    const u32 u = __float_as_uint(__fdiv_rn(c, TK_Q));
-    const int e = (int)((u - 1) >> 23) + 1 - 127;
-    sf = __uint_as_float((u32)(127 + e) << 23);
-    inv = __uint_as_float((u32)(127 - e) << 23);
-#else
-    sf = __fdiv_rn(c, TK_Q);
-    inv = __fdiv_rn(TK_Q, c);
-#endif
+    tkq::scale_pair<TK_ROUND != 0>(amax, TK_EPS, TK_Q, sf, inv);
 }
 
 #if TK_MODE != 2
-// Stores S[mb, kb] (mb < nbm, kb < nbk) in the output layout, plus the padding attached to it
-// (rows nbm..rows_aligned below the last row; in layout C, bytes nbk..4*ceil(nbk/4) right of
-// the last column), so that every padding element is written zero exactly once.
+// Stores S[mb, kb] (mb < nbm, kb < nbk) in the output layout with its padding (tkq::store_scale).
 __device__ __forceinline__ void store_sf(const Params& p, u64 mb, u64 kb, float sf) {
-    const u64 ra = p.rows_aligned;
-#if TK_SF_OUT == 0
-    reinterpret_cast<float*>(p.sf)[mb * p.nbk + kb] = sf;  // (nbm, nbk)
-#elif TK_SF_OUT == 1
-    float* s = reinterpret_cast<float*>(p.sf);  // storage (nbk, ra)
-    s[kb * ra + mb] = sf;
-    if (mb + 1 == p.nbm)
-        for (u64 r = p.nbm; r < ra; ++r) s[kb * ra + r] = 0.0f;
-#else
-    u8* s = reinterpret_cast<u8*>(p.sf);  // storage (ceil(nbk/4), ra) int32 as bytes
-    const u64 kend = 4 * ((p.nbk + 3) / 4);
-    s[4 * ((kb / 4) * ra + mb) + kb % 4] = (u8)(__float_as_uint(sf) >> 23);
-    if (mb + 1 == p.nbm)
-        for (u64 r = p.nbm; r < ra; ++r) s[4 * ((kb / 4) * ra + r) + kb % 4] = 0;
-    if (kb + 1 == p.nbk)
-        for (u64 k2 = p.nbk; k2 < kend; ++k2)
-            for (u64 r = mb; r < (mb + 1 == p.nbm ? ra : mb + 1); ++r) s[4 * ((k2 / 4) * ra + r) + k2 % 4] = 0;
-#endif
+    tkq::store_scale<TK_SF_OUT>(p.sf, p.nbm, p.nbk, p.rows_aligned, mb, kb, sf);
 }
 #endif
 
@@ -110,26 +83,6 @@ template <int N>
 __device__ __forceinline__ u32 pack4(const u8 (&q)[N], int at) {
     return q[at] | q[at + 1] << 8 | q[at + 2] << 16 | (u32)q[at + 3] << 24;
 }
-
-#if TK_FMT == 1
-// FP4 e2m1 code of x: round to nearest even among {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating to 6;
-// the sign of zero is kept; NaN -> 7 (+6). Hopper has no e2m1 conversion instruction, so the
-// rounding is done by a float add: with s = the e2m1 spacing at |x| (0.5 below 2, then 1,
-// then 2) and M = 1.5 * 2^23 * s, fl(|x| + M) - M is |x| rounded to a multiple of s, to
-// nearest even (IEEE addition). Bit-identical to __nv_cvt_float_to_fp4 (checked on the GPU).
-__device__ __forceinline__ u32 e2m1_code(float x) {
-    const float a = fminf(fabsf(x), 8.0f);                          // NaN -> 8 (saturates below)
-    const u32 e = max(__float_as_uint(a) >> 23, 127u);              // biased exponent, at least that of 1.0
-    const float m = __uint_as_float(((e + 22) << 23) | 0x400000u);  // 1.5 * 2^23 * spacing
-    const float r = fminf(__fsub_rn(__fadd_rn(a, m), m), 6.0f);     // rounded, saturated
-    // r in {0, .5, 1, 1.5, 2, 3, 4, 6}: (bits >> 22) - 252 is the code from 1 up (1 -> 2,
-    // 1.5 -> 3, 2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7), 0 for 0.5 and negative for 0; integer ops only.
-    const u32 rb = __float_as_uint(r);
-    const u32 mag = (u32)max((int)(rb >> 22) - 252, 0) + (rb == 0x3F000000u ? 1u : 0u);
-    const u32 sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 8;  // NaN -> +6
-    return mag | sign;
-}
-#endif
 
 #if TK_FMT == 2
 // E5M6 ("enc12", spec/quant.md 1.3) of the 8 values v * inv: round-toward-zero binary16, then
@@ -154,7 +107,7 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #if TK_FMT == 0
     u8 q[VEC];  // (VEC,) e4m3 codes
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) q[j] = __nv_cvt_float_to_fp8(__fmul_rn(v[j], inv[j]), __NV_SATFINITE, __NV_E4M3);
+    for (int j = 0; j < VEC; ++j) q[j] = (u8)tkq::e4m3_code(__fmul_rn(v[j], inv[j]));
     u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c0;  // (VEC,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
@@ -181,7 +134,7 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
     u8 q[VEC / 2];  // (VEC/2,) packed e2m1 pairs, even column in the low nibble
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j)
-        q[j] = (u8)(e2m1_code(__fmul_rn(v[2 * j], inv[2 * j])) | e2m1_code(__fmul_rn(v[2 * j + 1], inv[2 * j + 1])) << 4);
+        q[j] = (u8)(tkq::e2m1_code(__fmul_rn(v[2 * j], inv[2 * j])) | tkq::e2m1_code(__fmul_rn(v[2 * j + 1], inv[2 * j + 1])) << 4);
     u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)

@@ -35,7 +35,13 @@ static SOURCE: KernelSource = KernelSource {
     file: "cast.cu",
     entry: "tk_cast",
     code: include_str!("../cuda/cast.cu"),
-    headers: &[("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh"))],
+    headers: &[
+        ("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh")),
+        (
+            "tk/quant_scale.cuh",
+            include_str!("../cuda/quant_scale.cuh"),
+        ),
+    ],
     needs_cuda_headers: true,
 };
 
@@ -351,6 +357,10 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
     for input in inputs {
         for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
             for block in [(1, 32), (1, 128), (32, 32), (128, 128), (128, 1)] {
+                // Per-channel blocks take plain input only (per_channel_cast).
+                if block.1 == 1 && matches!(input, InputKind::Quantized { .. }) {
+                    continue;
+                }
                 let (layout, round) = if block.1 == 1 {
                     (ScaleLayout::RowMajorF32, true)
                 } else {

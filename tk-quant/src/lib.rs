@@ -4,13 +4,17 @@
 //! of fp32/bf16 (or already quantized) activations to FP8 e4m3, FP4 e2m1 and E5M6 with fp32 or
 //! UE8M0 scale factors, and the casts back.
 //!
-//! **Status:** the plain casts run on the GPU (feature `cuda`, default): [`per_token_cast`](fn@per_token_cast)
-//! (+ sf-only, precomputed, from quantized input, [`per_token_cast_to_e5m6`](fn@per_token_cast_to_e5m6)),
-//! [`per_block_cast`](fn@per_block_cast) (+ variants), [`per_block_cast_lossless`](fn@per_block_cast_lossless), [`per_channel_cast`](fn@per_channel_cast),
-//! [`cast_back`](fn@cast_back) / [`per_token_cast_back`](fn@per_token_cast_back) / [`cast_back_e5m6`](fn@cast_back_e5m6), on device types from
-//! [`device`]; each is bit-exact with its CPU reference ([`reference`](mod@reference), feature
-//! `cpu`, default; data and the scales' full allocation, padding included). The fused SwiGLU
-//! and per-channel-transpose ops have their CPU side only so far.
+//! **Status:** every op runs on the GPU (feature `cuda`, default), on device types from
+//! [`device`], and has a CPU reference ([`reference`](mod@reference), feature `cpu`, default)
+//! it matches bit for bit: the block-scaled casts [`per_token_cast`](fn@per_token_cast) (+
+//! sf-only, precomputed, from quantized input, [`per_token_cast_to_e5m6`](fn@per_token_cast_to_e5m6)),
+//! [`per_block_cast`](fn@per_block_cast) (+ variants), [`per_block_cast_lossless`](fn@per_block_cast_lossless),
+//! [`per_channel_cast`](fn@per_channel_cast), the casts back ([`cast_back`](fn@cast_back),
+//! [`per_token_cast_back`](fn@per_token_cast_back), [`cast_back_e5m6`](fn@cast_back_e5m6)) —
+//! data and the scales' full allocation, padding included — and the fused ops: SwiGLU forward /
+//! backward with a per-token cast, SwiGLU forward with a per-channel cast (and transpose),
+//! `per_channel_cast_and_transpose` and `per_channel_cast_fused` (the SwiGLU ones exact given
+//! CUDA's `expf`, see [`swiglu`]).
 //!
 //! | module | contents |
 //! |---|---|
@@ -105,6 +109,14 @@ pub use per_channel_cast::PerChannelCastParams;
 #[cfg(feature = "cuda")]
 pub use per_channel_cast::{per_channel_cast, per_channel_cast_into};
 pub use per_channel_cast_and_transpose::PerChannelCastAndTransposeParams;
+#[cfg(feature = "cuda")]
+pub use per_channel_cast_and_transpose::{
+    per_channel_cast_and_transpose, per_channel_cast_and_transpose_into,
+};
+#[cfg(feature = "cuda")]
+pub use per_channel_cast_fused::{
+    per_channel_cast_fused, per_channel_cast_fused_into, DeviceFusedInput,
+};
 pub use per_channel_cast_fused::{FusedInput, PerChannelCastFusedParams};
 #[cfg(feature = "cuda")]
 pub use per_token_cast::{
@@ -115,8 +127,24 @@ pub use per_token_cast::{
 pub use per_token_cast::{PerTokenCastParams, PerTokenE5M6Params};
 pub use plan::{CastMode, CastPlan};
 pub use scale::{HostScales, ScaleGrid, ScaleLayout, ScaleOptions, ScaleView};
+#[cfg(feature = "cuda")]
+pub use swiglu_backward_and_per_token_cast::{
+    swiglu_backward_and_per_token_cast, swiglu_backward_and_per_token_cast_into,
+    DeviceSwigluBackwardInputs, DeviceSwigluBackwardOutput, DeviceSwigluBackwardOutputsMut,
+};
 pub use swiglu_backward_and_per_token_cast::{SwigluBackwardInputs, SwigluBackwardParams};
 pub use swiglu_forward_and_per_channel_cast_and_transpose::SwigluPerChannelParams;
+#[cfg(feature = "cuda")]
+pub use swiglu_forward_and_per_channel_cast_and_transpose::{
+    swiglu_forward_and_per_channel_cast_and_transpose,
+    swiglu_forward_and_per_channel_cast_and_transpose_into,
+};
+#[cfg(feature = "cuda")]
+pub use swiglu_forward_and_per_token_cast::{
+    swiglu_forward_and_per_token_cast, swiglu_forward_and_per_token_cast_into,
+    DeviceSwigluForwardInputs, DeviceSwigluForwardOutput, DeviceSwigluOut, DeviceSwigluOutMut,
+    DeviceTopkWeights,
+};
 pub use swiglu_forward_and_per_token_cast::{
     SwigluForwardInputs, SwigluForwardParams, SwigluOutFormat, TopkWeights,
 };
@@ -131,6 +159,12 @@ pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
     let mut v = cast::registered_kernels();
     v.extend(cast_back::registered_kernels());
     v.extend(per_block_cast_lossless::registered_kernels());
+    v.extend(swiglu::registered_kernels());
+    v.extend(swiglu_forward_and_per_token_cast::registered_kernels());
+    v.extend(swiglu_backward_and_per_token_cast::registered_kernels());
+    v.extend(per_channel_cast_and_transpose::registered_kernels());
+    v.extend(per_channel_cast_fused::registered_kernels());
+    v.extend(swiglu_forward_and_per_channel_cast_and_transpose::registered_kernels());
     v
 }
 

@@ -88,3 +88,207 @@ pub fn validate_dims(
     }
     CastPlan::new_arg(m, k, (npt, 1), ScaleLayout::RowMajorF32, "num_per_tokens")
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`) and the launch shared by the per-channel kernels
+/// (`cuda/per_channel.cuh`: this op, [`crate::per_channel_cast_fused`] and
+/// [`crate::swiglu_forward_and_per_channel_cast_and_transpose`]); bit-exact with
+/// [`reference::per_channel_cast_and_transpose`](fn@crate::reference::per_channel_cast_and_transpose).
+///
+/// Kernel: a CTA of 256 threads casts a tile of 128 rows × 64 columns; each thread loads 8
+/// columns of 4 rows (16-byte loads), column maxima come from registers, warp shuffles and
+/// shared memory across the `npt / 16` warps of a scale block; the transposed codes are
+/// staged in shared memory and written as 32 contiguous bytes per thread. No host
+/// synchronisation.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use half::bf16;
+    use tk_core::error::DriverContext;
+    use tk_core::{Device, DeviceView, KernelSource, KernelSpec, Result};
+
+    use super::{validate_dims, PerChannelCastAndTransposeParams, NUM_PER_TOKENS};
+    use crate::cast::{check_out_scales, check_same_device};
+    use crate::device::{DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
+    use crate::plan::CastPlan;
+    use crate::swiglu::all_aligned16;
+    use crate::types::{check_matrix, check_nonempty_k, CastFormat};
+
+    /// The headers of the per-channel kernels.
+    pub(crate) const PER_CHANNEL_HEADERS: &[(&str, &str)] = &[
+        (
+            "tk/quant_scale.cuh",
+            include_str!("../cuda/quant_scale.cuh"),
+        ),
+        ("tk/fused_io.cuh", include_str!("../cuda/fused_io.cuh")),
+        (
+            "tk/per_channel.cuh",
+            include_str!("../cuda/per_channel.cuh"),
+        ),
+    ];
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "per_channel_cast_and_transpose.cu",
+        entry: "tk_per_channel_cast_and_transpose",
+        code: include_str!("../cuda/per_channel_cast_and_transpose.cu"),
+        headers: PER_CHANNEL_HEADERS,
+        needs_cuda_headers: true,
+    };
+
+    /// The arguments of every per-channel kernel, field for field `Params` in
+    /// `cuda/per_channel.cuh` (each op fills the fields it uses).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    pub(crate) struct PerChannelArgs {
+        pub x: u64,
+        pub ldx: u64,
+        pub xs: u64,
+        pub xs_ld: u64,
+        pub map: u64,
+        pub map_s: u64,
+        pub n_in: u64,
+        pub out: u64,
+        pub sf: u64,
+        pub m: u64,
+        pub k: u64,
+        pub h: u64,
+        pub has_clamp: u32,
+        pub clamp: f32,
+    }
+
+    // SAFETY: `PerChannelArgs` is `repr(C)` plain old data (12 × u64 then 2 × 4 bytes, no
+    // padding), laid out exactly as the kernels' `Params`, received by value.
+    unsafe impl DeviceRepr for PerChannelArgs {}
+
+    /// A per-channel kernel specialisation: `source` with the tile's defines and the op's own.
+    pub(crate) fn per_channel_spec(
+        source: &'static KernelSource,
+        npt: usize,
+        round_sf: bool,
+        transpose: bool,
+        vecio: bool,
+    ) -> KernelSpec {
+        KernelSpec::new(source)
+            .define("TK_NPT", npt)
+            .define("TK_ROUND", round_sf as u8)
+            .define("TK_TRANSPOSE", transpose as u8)
+            .define("TK_VECIO", vecio as u8)
+    }
+
+    /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
+    /// `plan` (block `(npt, 1)`, layout A), then launches `spec_for(vecio)` over `plan`'s
+    /// tiles with `args` (inputs filled in by the op; `input_align`: their addresses and row
+    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`.
+    pub(crate) fn launch_per_channel(
+        dev: &Device,
+        plan: &CastPlan,
+        transpose: bool,
+        mut args: PerChannelArgs,
+        input_align: &[u64],
+        (out, out_sf): (&mut DeviceQuantDataViewMut<'_>, &mut DeviceScales),
+        spec_for: impl Fn(bool) -> KernelSpec,
+    ) -> Result<()> {
+        let (m, k) = (plan.m, plan.k);
+        let (rows, cols) = if transpose { (k, m) } else { (m, k) };
+        out.check_output("out", CastFormat::E4M3, rows, cols)?;
+        check_same_device("out", dev, out.device())?;
+        check_out_scales(out_sf, plan)?;
+        check_same_device("out_sf", dev, out_sf.device())?;
+        (args.out, args.sf, args.m, args.k) = (out.address(), out_sf.address(), m as u64, k as u64);
+        let mut align = input_align.to_vec();
+        align.extend([args.out, args.sf]);
+        let spec = spec_for(all_aligned16(&align));
+        if m == 0 {
+            return Ok(());
+        }
+        let f = dev.function(&spec)?;
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&args);
+        // SAFETY: the op validated its inputs (shapes, unit column strides, row strides passed
+        // in args; gathered rows are bounds-checked in the kernel against n_in) and this
+        // function the e4m3 output (contiguous, exact shape) and the scales (layout A of the
+        // plan's grid), all on one device; the kernel reads rows < M (K % 64 == 0 columns) and
+        // writes inside those outputs; a transposed output needs M % 128 == 0, which every op
+        // with `transpose` validated. Vector accesses only when every address and row pitch is
+        // 16-byte aligned. Buffers outlive the launch.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: ((k / 64) as u32, m.div_ceil(128).min(65535) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .ctx("launching a per-channel cast")?;
+        Ok(())
+    }
+
+    /// The specialisations the tests and benchmarks launch.
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for npt in NUM_PER_TOKENS {
+            for round in [false, true] {
+                v.push(per_channel_spec(&SOURCE, npt, round, true, true));
+            }
+        }
+        v
+    }
+
+    /// Validates bf16 `x` and returns the plan and the input part of the kernel arguments.
+    fn prepare(
+        x: &DeviceView<'_, bf16>,
+        params: &PerChannelCastAndTransposeParams,
+    ) -> Result<(CastPlan, PerChannelArgs)> {
+        let (m, k) = check_matrix("x", x.layout())?;
+        check_nonempty_k("x", x.layout(), k)?;
+        let plan = validate_dims(m, k, params)?;
+        let args = PerChannelArgs {
+            x: x.address(),
+            ldx: x.strides()[0] as u64,
+            n_in: m as u64,
+            ..PerChannelArgs::default()
+        };
+        Ok((plan, args))
+    }
+
+    /// `per_channel_cast_and_transpose` on the GPU into caller-provided contiguous `out`
+    /// (e4m3 `(K, M)`) and `out_sf` (fp32 layout A `(M/npt, K)`); `x` is bf16 `(M, K)` with
+    /// unit column stride.
+    ///
+    /// Errors: those of [`super::validate`], `out` / `out_sf` (format, shape, contiguity,
+    /// layout, grid), [`tk_core::TkError::Placement`].
+    pub fn per_channel_cast_and_transpose_into(
+        x: &DeviceView<'_, bf16>,
+        params: &PerChannelCastAndTransposeParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let (plan, args) = prepare(x, params)?;
+        launch_per_channel(
+            x.device(),
+            &plan,
+            true,
+            args,
+            &[args.x, args.ldx * 2],
+            (out, out_sf),
+            |vec| per_channel_spec(&SOURCE, params.num_per_tokens, params.round_sf, true, vec),
+        )
+    }
+
+    /// `per_channel_cast_and_transpose` on the GPU: e4m3 data `(K, M)` (the transpose) and
+    /// fp32 layout-A scales `(M/npt, K)`.
+    ///
+    /// Errors: see [`per_channel_cast_and_transpose_into`].
+    pub fn per_channel_cast_and_transpose(
+        x: &DeviceView<'_, bf16>,
+        params: &PerChannelCastAndTransposeParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let (plan, _) = prepare(x, params)?;
+        let dev = x.device();
+        let mut d = DeviceQuantData::alloc(dev, CastFormat::E4M3, plan.k, plan.m)?;
+        let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
+        per_channel_cast_and_transpose_into(x, params, &mut d.view_mut(), &mut s)?;
+        Ok((d, s))
+    }
+}

@@ -133,38 +133,16 @@ pub fn validate(
     pos_to_token: Option<&HostView<'_, i32>>,
     params: &PerChannelCastFusedParams,
 ) -> Result<PerChannelCastFusedPlan> {
-    if params.num_per_tokens != NUM_PER_TOKENS {
-        return Err(TkError::param(
-            "num_per_tokens",
-            format!(
-                "per_channel_cast_fused supports num_per_tokens = 128 only, got {}",
-                params.num_per_tokens
-            ),
-        ));
-    }
+    check_num_per_tokens(params)?;
     let (n_in, k) = match x {
         FusedInput::Plain(p) => {
-            if let Some(npc) = params.num_per_channels {
-                return Err(TkError::param(
-                    "num_per_channels",
-                    format!("must be None for a plain (fp32 / bf16) input, got {npc}"),
-                ));
-            }
+            check_num_per_channels(false, params)?;
             let (n, k) = p.validate("x")?;
-            require_multiple("x", &[n, k], "K", k, 64, "the kernel tiles columns by 64")?;
+            check_k(n, k, false)?;
             (n, k)
         }
         FusedInput::Quantized { data, sf } => {
-            if params.num_per_channels != Some(NUM_PER_CHANNELS) {
-                return Err(TkError::param(
-                    "num_per_channels",
-                    format!(
-                        "a fused cast back reads (1, 128) input scales: num_per_channels must \
-                         be Some(128), got {:?}",
-                        params.num_per_channels
-                    ),
-                ));
-            }
+            check_num_per_channels(true, params)?;
             let (n, k) = check_matrix("x", data.layout())?;
             if k == 0 {
                 return Err(TkError::Empty {
@@ -172,42 +150,14 @@ pub fn validate(
                     shape: data.shape().to_vec(),
                 });
             }
-            require_multiple(
-                "x",
-                &[n, k],
-                "K",
-                k,
-                NUM_PER_CHANNELS,
-                "the input scales cover groups of 128 columns",
-            )?;
-            let (sr, sc) = check_matrix("x.sf", sf.layout())?;
-            if (sr, sc) != (n, k / NUM_PER_CHANNELS) {
-                return Err(TkError::Shape {
-                    arg: "x.sf",
-                    expected: format!("(N_in, K/128) = ({n}, {}) fp32", k / NUM_PER_CHANNELS),
-                    got: vec![sr, sc],
-                });
-            }
+            check_k(n, k, true)?;
+            check_input_scales(n, k, check_matrix("x.sf", sf.layout())?)?;
             (n, k)
         }
     };
     let n_out = match pos_to_token {
         Some(map) => {
-            let [n_out] = *map.shape() else {
-                return Err(TkError::Shape {
-                    arg: "pos_to_token",
-                    expected: "rank 1 (N_out,) int32".into(),
-                    got: map.shape().to_vec(),
-                });
-            };
-            require_multiple(
-                "pos_to_token",
-                &[n_out],
-                "N_out",
-                n_out,
-                16,
-                "upstream's kernel tiles gathered rows by 16",
-            )?;
+            let n_out = map_len(map.shape())?;
             for i in 0..n_out {
                 let src = map.at(&[i]);
                 if src >= 0 && src as usize >= n_in {
@@ -217,8 +167,101 @@ pub fn validate(
                     ));
                 }
             }
-            n_out
+            Some(n_out)
         }
+        None => None,
+    };
+    plan(n_in, k, n_out)
+}
+
+/// `num_per_tokens` must be 128.
+pub(crate) fn check_num_per_tokens(params: &PerChannelCastFusedParams) -> Result<()> {
+    if params.num_per_tokens != NUM_PER_TOKENS {
+        return Err(TkError::param(
+            "num_per_tokens",
+            format!(
+                "per_channel_cast_fused supports num_per_tokens = 128 only, got {}",
+                params.num_per_tokens
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `num_per_channels` must be `None` for plain input and `Some(128)` for a fused cast back.
+pub(crate) fn check_num_per_channels(
+    quantized: bool,
+    params: &PerChannelCastFusedParams,
+) -> Result<()> {
+    match (quantized, params.num_per_channels) {
+        (false, Some(npc)) => Err(TkError::param(
+            "num_per_channels",
+            format!("must be None for a plain (fp32 / bf16) input, got {npc}"),
+        )),
+        (true, npc) if npc != Some(NUM_PER_CHANNELS) => Err(TkError::param(
+            "num_per_channels",
+            format!(
+                "a fused cast back reads (1, 128) input scales: num_per_channels must be \
+                 Some(128), got {npc:?}"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `K % 64 == 0` for plain input, `K % 128 == 0` for a fused cast back (`x` is `(n, k)`).
+pub(crate) fn check_k(n: usize, k: usize, quantized: bool) -> Result<()> {
+    if quantized {
+        require_multiple(
+            "x",
+            &[n, k],
+            "K",
+            k,
+            NUM_PER_CHANNELS,
+            "the input scales cover groups of 128 columns",
+        )
+    } else {
+        require_multiple("x", &[n, k], "K", k, 64, "the kernel tiles columns by 64")
+    }
+}
+
+/// The fused cast back's scales `(sr, sc)` must be `(N_in, K/128)`.
+pub(crate) fn check_input_scales(n: usize, k: usize, (sr, sc): (usize, usize)) -> Result<()> {
+    if (sr, sc) != (n, k / NUM_PER_CHANNELS) {
+        return Err(TkError::Shape {
+            arg: "x.sf",
+            expected: format!("(N_in, K/128) = ({n}, {}) fp32", k / NUM_PER_CHANNELS),
+            got: vec![sr, sc],
+        });
+    }
+    Ok(())
+}
+
+/// The length `N_out` of a `pos_to_token` of shape `shape`: 1-D with `N_out % 16 == 0`.
+pub(crate) fn map_len(shape: &[usize]) -> Result<usize> {
+    let [n_out] = *shape else {
+        return Err(TkError::Shape {
+            arg: "pos_to_token",
+            expected: "rank 1 (N_out,) int32".into(),
+            got: shape.to_vec(),
+        });
+    };
+    require_multiple(
+        "pos_to_token",
+        &[n_out],
+        "N_out",
+        n_out,
+        16,
+        "upstream's kernel tiles gathered rows by 16",
+    )?;
+    Ok(n_out)
+}
+
+/// The plan of a call on `(n_in, k)` input with `n_out` mapped rows (`None`: no map, then
+/// `N_in % 128 == 0`).
+pub(crate) fn plan(n_in: usize, k: usize, n_out: Option<usize>) -> Result<PerChannelCastFusedPlan> {
+    let n_out = match n_out {
+        Some(n) => n,
         None => {
             require_multiple(
                 "x",
@@ -241,4 +284,183 @@ pub fn validate(
             "num_per_tokens",
         )?,
     })
+}
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`): `cuda/per_channel_cast_fused.cu`, the per-channel tile of
+/// [`crate::per_channel_cast_and_transpose`] (not transposed, `npt = 128`) whose rows are
+/// gathered through `pos_to_token` and, fused, dequantized (`fl(dec8 · s_in)`) on load;
+/// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
+/// No host synchronisation.
+///
+/// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
+/// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
+/// zero row, like a negative one.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use float8::F8E4M3;
+    use tk_core::{DeviceView, KernelSource, KernelSpec, Result};
+
+    use super::{
+        check_input_scales, check_k, check_num_per_channels, check_num_per_tokens, map_len, plan,
+        PerChannelCastFusedParams, NUM_PER_TOKENS,
+    };
+    use crate::cast::check_same_device;
+    use crate::device::{DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
+    use crate::per_channel_cast_and_transpose::{
+        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS,
+    };
+    use crate::plan::CastPlan;
+    use crate::swiglu::check_device_vector;
+    use crate::types::{check_matrix, check_nonempty_k, CastFormat};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "per_channel_cast_fused.cu",
+        entry: "tk_per_channel_cast_fused",
+        code: include_str!("../cuda/per_channel_cast_fused.cu"),
+        headers: PER_CHANNEL_HEADERS,
+        needs_cuda_headers: true,
+    };
+
+    /// The input `x` of the GPU op ([`super::FusedInput`] on the device).
+    #[derive(Debug, Clone)]
+    pub enum DeviceFusedInput<'a> {
+        /// fp32 / bf16 `(N_in, K)`, unit column stride, any row stride.
+        Plain(DevicePlainInput<'a>),
+        /// Per-token FP8 data with its scales (the fused cast back).
+        Quantized {
+            /// e4m3 `(N_in, K)`, unit column stride.
+            data: DeviceView<'a, F8E4M3>,
+            /// fp32 `(N_in, K/128)`, unit column stride.
+            sf: DeviceView<'a, f32>,
+        },
+    }
+
+    impl<'a> From<DevicePlainInput<'a>> for DeviceFusedInput<'a> {
+        fn from(x: DevicePlainInput<'a>) -> Self {
+            DeviceFusedInput::Plain(x)
+        }
+    }
+
+    /// The kernel's `TK_IN`: 0 fp32, 1 bf16, 2 e4m3 with scales.
+    fn input_code(x: &DeviceFusedInput<'_>) -> u8 {
+        match x {
+            DeviceFusedInput::Plain(DevicePlainInput::F32(_)) => 0,
+            DeviceFusedInput::Plain(DevicePlainInput::BF16(_)) => 1,
+            DeviceFusedInput::Quantized { .. } => 2,
+        }
+    }
+
+    fn spec(input: u8, round_sf: bool, vecio: bool) -> KernelSpec {
+        per_channel_spec(&SOURCE, NUM_PER_TOKENS, round_sf, false, vecio).define("TK_IN", input)
+    }
+
+    /// The specialisations the tests and benchmarks launch.
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for input in [0, 1, 2] {
+            for round in [false, true] {
+                v.push(spec(input, round, true));
+            }
+        }
+        v
+    }
+
+    /// Validates the device arguments as [`super::validate`] does (map values aside) and
+    /// returns the plan, the kernel arguments of the inputs and their alignment values.
+    fn prepare(
+        x: &DeviceFusedInput<'_>,
+        pos_to_token: Option<&DeviceView<'_, i32>>,
+        params: &PerChannelCastFusedParams,
+    ) -> Result<(CastPlan, PerChannelArgs, Vec<u64>)> {
+        check_num_per_tokens(params)?;
+        let mut a = PerChannelArgs::default();
+        let (n_in, k, align) = match x {
+            DeviceFusedInput::Plain(p) => {
+                check_num_per_channels(false, params)?;
+                let (n, k) = p.validate("x")?;
+                check_k(n, k, false)?;
+                let bytes = if matches!(p, DevicePlainInput::BF16(_)) {
+                    2
+                } else {
+                    4
+                };
+                (a.x, a.ldx) = (p.address(), p.layout().strides()[0] as u64);
+                (n, k, vec![a.x, a.ldx * bytes])
+            }
+            DeviceFusedInput::Quantized { data, sf } => {
+                check_num_per_channels(true, params)?;
+                let (n, k) = check_matrix("x", data.layout())?;
+                check_nonempty_k("x", data.layout(), k)?;
+                check_k(n, k, true)?;
+                check_input_scales(n, k, check_matrix("x.sf", sf.layout())?)?;
+                check_same_device("x.sf", data.device(), sf.device())?;
+                (a.x, a.ldx) = (data.address(), data.strides()[0] as u64);
+                (a.xs, a.xs_ld) = (sf.address(), sf.strides()[0] as u64);
+                (n, k, vec![a.x, a.ldx])
+            }
+        };
+        a.n_in = n_in as u64;
+        let n_out = match pos_to_token {
+            Some(map) => {
+                let n_out = map_len(map.shape())?;
+                a.map_s = check_device_vector("pos_to_token", map, n_out, device(x))?;
+                a.map = map.address();
+                Some(n_out)
+            }
+            None => None,
+        };
+        Ok((plan(n_in, k, n_out)?.cast, a, align))
+    }
+
+    fn device<'d>(x: &'d DeviceFusedInput<'_>) -> &'d tk_core::Device {
+        match x {
+            DeviceFusedInput::Plain(p) => p.device(),
+            DeviceFusedInput::Quantized { data, .. } => data.device(),
+        }
+    }
+
+    /// `per_channel_cast_fused` on the GPU into caller-provided contiguous `out` (e4m3
+    /// `(N_out, K)`) and `out_sf` (fp32 layout A `(ceil(N_out/128), K)`).
+    ///
+    /// Errors: those of [`super::validate`] (map values aside, see the module docs), `out` /
+    /// `out_sf` (format, shape, contiguity, layout, grid), [`tk_core::TkError::Placement`].
+    pub fn per_channel_cast_fused_into(
+        x: &DeviceFusedInput<'_>,
+        pos_to_token: Option<&DeviceView<'_, i32>>,
+        params: &PerChannelCastFusedParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let (plan, args, align) = prepare(x, pos_to_token, params)?;
+        let input = input_code(x);
+        launch_per_channel(
+            device(x),
+            &plan,
+            false,
+            args,
+            &align,
+            (out, out_sf),
+            |vec| spec(input, params.round_sf, vec),
+        )
+    }
+
+    /// `per_channel_cast_fused` on the GPU: e4m3 data `(N_out, K)` and fp32 layout-A scales
+    /// `(ceil(N_out/128), K)`; padding rows (`pos_to_token < 0`) are zeros.
+    ///
+    /// Errors: see [`per_channel_cast_fused_into`].
+    pub fn per_channel_cast_fused(
+        x: &DeviceFusedInput<'_>,
+        pos_to_token: Option<&DeviceView<'_, i32>>,
+        params: &PerChannelCastFusedParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let (plan, _, _) = prepare(x, pos_to_token, params)?;
+        let dev = device(x);
+        let mut d = DeviceQuantData::alloc(dev, CastFormat::E4M3, plan.m, plan.k)?;
+        let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
+        per_channel_cast_fused_into(x, pos_to_token, params, &mut d.view_mut(), &mut s)?;
+        Ok((d, s))
+    }
 }

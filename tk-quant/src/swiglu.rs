@@ -83,3 +83,111 @@ pub(crate) fn check_rank2<T: tk_core::Element>(
         }),
     }
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::device_expf;
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::registered_kernels;
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::{all_aligned16, check_device_rank2, check_device_vector};
+
+/// Device-side checks the GPU SwiGLU ops (and the per-channel casts) share, and CUDA's `expf`
+/// on the device for exact references ([`device_expf`]).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tk_core::error::DriverContext;
+    use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
+
+    use crate::cast::check_same_device;
+    use crate::device::check_contiguous;
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "swiglu.cu",
+        entry: "tk_swiglu_expf",
+        code: include_str!("../cuda/swiglu.cu"),
+        headers: &[],
+        needs_cuda_headers: false,
+    };
+
+    /// The `expf` kernel (for compile checks and [`crate::prewarm`]).
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        vec![KernelSpec::new(&SOURCE)]
+    }
+
+    /// CUDA's `expf` of every element of the contiguous fp32 vector `x` `(n,)`, exactly as the
+    /// SwiGLU kernels evaluate it (non-fast-math, no flush to zero). The SwiGLU tests give
+    /// these values to the CPU references (parameterised by `expf`, see the
+    /// [module docs](crate::swiglu)) so that every output can be checked bit for bit.
+    ///
+    /// Errors: `x` ([`TkError::Shape`] / [`TkError::Stride`]: not a contiguous `(n,)` vector).
+    pub fn device_expf(x: &DeviceView<'_, f32>) -> Result<DeviceTensor<f32>> {
+        let n = x.shape().first().copied().unwrap_or(0);
+        check_contiguous("x", x.layout(), &[n])?;
+        let dev = x.device();
+        let mut out = dev.alloc::<f32>(&[n])?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = dev.function(&KernelSpec::new(&SOURCE))?;
+        let (xa, oa, n64) = (x.address(), out.view_mut().address(), n as u64);
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&xa).arg(&oa).arg(&n64);
+        // SAFETY: x and out are contiguous (n,) fp32 on the same device (out allocated there);
+        // the kernel reads x[i] and writes out[i] for i < n only. Both outlive the launch.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (n.div_ceil(256).min(65535) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .ctx("launching tk_swiglu_expf")?;
+        Ok(out)
+    }
+
+    /// Checks that the device vector `view` (argument `arg`) is `(n,)` int32 on `dev` and
+    /// returns its element stride.
+    pub(crate) fn check_device_vector(
+        arg: &'static str,
+        view: &DeviceView<'_, i32>,
+        n: usize,
+        dev: &Device,
+    ) -> Result<u64> {
+        if view.shape() != [n] {
+            return Err(TkError::Shape {
+                arg,
+                expected: format!("({n},): one int32 entry per row"),
+                got: view.shape().to_vec(),
+            });
+        }
+        check_same_device(arg, dev, view.device())?;
+        Ok(view.strides()[0] as u64)
+    }
+
+    /// Checks that the device matrix `view` (argument `arg`) is 2-D on `dev` and returns its
+    /// `(rows, cols)` and element strides.
+    pub(crate) fn check_device_rank2<T: tk_core::Element>(
+        arg: &'static str,
+        view: &DeviceView<'_, T>,
+        what: &str,
+        dev: &Device,
+    ) -> Result<((usize, usize), (u64, u64))> {
+        let [r, c] = *view.shape() else {
+            return Err(TkError::Shape {
+                arg,
+                expected: format!("rank 2 {what}"),
+                got: view.shape().to_vec(),
+            });
+        };
+        check_same_device(arg, dev, view.device())?;
+        let s = view.strides();
+        Ok(((r, c), (s[0] as u64, s[1] as u64)))
+    }
+
+    /// True if every value (device addresses and row pitches in bytes) is a multiple of 16,
+    /// which lets a kernel use 16-byte vector accesses.
+    pub(crate) fn all_aligned16(values: &[u64]) -> bool {
+        values.iter().all(|v| v % 16 == 0)
+    }
+}

@@ -60,11 +60,11 @@
 //!   stride (upstream: contiguous).
 //! * NaN / inf inputs are unsupported (§5 item 6).
 
-use tk_core::{HostView, Result, TkError};
+use tk_core::{HostView, Layout, Result, TkError};
 
 use crate::plan::{require_multiple, CastPlan};
 use crate::scale::ScaleLayout;
-use crate::swiglu::{check_clamp_value, check_rank2, check_vector};
+use crate::swiglu::{check_clamp_value, check_vector};
 use crate::types::{check_matrix, QuantDataView};
 use half::bf16;
 
@@ -148,9 +148,33 @@ pub fn validate(
     }
     let (n, two_h) = inputs.x.validate("x")?;
     let plan = validate_dims(n, two_h, params)?;
-    let h = plan.h;
-    let (sr, sc) = check_matrix("x_sf", inputs.x_sf.layout())?;
-    let nbk = plan.cast.grid.nbk();
+    let (t, k) = check_shapes(
+        &plan,
+        inputs.x_sf.layout(),
+        inputs.grad_out.layout(),
+        inputs.weight.layout(),
+        inputs.token_topk_to_pos.layout(),
+    )?;
+    check_vector("pos_to_token_topk", &inputs.pos_to_token_topk, n)?;
+    check_maps(&inputs.pos_to_token_topk, &inputs.token_topk_to_pos, n, k)?;
+    Ok(SwigluBackwardPlan {
+        topk_shape: (t, k),
+        ..plan
+    })
+}
+
+/// Checks the shapes of `x_sf` (`(N, 2H/npc)`, unit column stride), `grad_out` (`(N, H)`,
+/// unit column stride), `weight` (2-D `(T, k)`) and `token_topk_to_pos` (`(T, k)`) against
+/// `plan`; returns `(T, k)`.
+pub(crate) fn check_shapes(
+    plan: &SwigluBackwardPlan,
+    x_sf: &Layout,
+    grad_out: &Layout,
+    weight: &Layout,
+    token_topk_to_pos: &Layout,
+) -> Result<(usize, usize)> {
+    let (n, h, nbk) = (plan.n, plan.h, plan.cast.grid.nbk());
+    let (sr, sc) = check_matrix("x_sf", x_sf)?;
     if (sr, sc) != (n, nbk) {
         return Err(TkError::Shape {
             arg: "x_sf",
@@ -158,7 +182,7 @@ pub fn validate(
             got: vec![sr, sc],
         });
     }
-    let (gr, gc) = check_matrix("grad_out", inputs.grad_out.layout())?;
+    let (gr, gc) = check_matrix("grad_out", grad_out)?;
     if (gr, gc) != (n, h) {
         return Err(TkError::Shape {
             arg: "grad_out",
@@ -166,20 +190,21 @@ pub fn validate(
             got: vec![gr, gc],
         });
     }
-    let (t, k) = check_rank2("weight", &inputs.weight, "(T, k) fp32")?;
-    if inputs.token_topk_to_pos.shape() != [t, k] {
+    let [t, k] = *weight.shape() else {
+        return Err(TkError::Shape {
+            arg: "weight",
+            expected: "rank 2 (T, k) fp32".into(),
+            got: weight.shape().to_vec(),
+        });
+    };
+    if token_topk_to_pos.shape() != [t, k] {
         return Err(TkError::Shape {
             arg: "token_topk_to_pos",
             expected: format!("(T, k) = ({t}, {k}), the shape of weight"),
-            got: inputs.token_topk_to_pos.shape().to_vec(),
+            got: token_topk_to_pos.shape().to_vec(),
         });
     }
-    check_vector("pos_to_token_topk", &inputs.pos_to_token_topk, n)?;
-    check_maps(&inputs.pos_to_token_topk, &inputs.token_topk_to_pos, n, k)?;
-    Ok(SwigluBackwardPlan {
-        topk_shape: (t, k),
-        ..plan
-    })
+    Ok((t, k))
 }
 
 /// The consistency of the two routing maps (see the module docs).
@@ -265,4 +290,290 @@ pub fn validate_dims(
             "num_per_channels",
         )?,
     })
+}
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`): `cuda/swiglu_backward_and_per_token_cast.cu`, bit-exact with
+/// [`reference::swiglu_backward_and_per_token_cast_with_expf`](fn@crate::reference::swiglu_backward_and_per_token_cast_with_expf)
+/// given CUDA's `expf` for `out`, `x_grad`, `x_grad_fp8` and its scales; `weight_grad` is an
+/// fp32 sum in the kernel's order (per-thread FMA accumulation, then a tree), within the
+/// spec's `atol = rtol = 1e-4`.
+///
+/// Kernel: one CTA of 128 threads per row; each thread takes 8-column fragments of the gate
+/// and value halves (8-byte e4m3 and 16-byte bf16 loads) in chunks of 1024 columns, so a
+/// group of `npc` columns is `npc / 8` adjacent lanes (amax by warp shuffles); the row's
+/// `Σ g·act` is reduced across the CTA. Every CTA also zeroes its share of the `weight_grad`
+/// slots whose `token_topk_to_pos` is −1. No host synchronisation.
+///
+/// Device-side differences from [`validate`]: the maps' values are not checked (that needs a
+/// host synchronisation). The kernel reads only in-range entries (`0 <= p < T·k`; an
+/// out-of-range `p` gives `w = 0` and writes no `weight_grad`); with inconsistent maps,
+/// `weight_grad` entries that no row writes and whose `token_topk_to_pos` is not −1 stay
+/// unwritten.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use float8::F8E4M3;
+    use half::bf16;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        Device, DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result,
+    };
+
+    use super::{check_shapes, validate_dims, SwigluBackwardParams, NUM_PER_CHANNELS};
+    use crate::cast::{check_out_scales, check_same_device};
+    use crate::device::{check_contiguous, DeviceQuantData, DeviceScales};
+    use crate::swiglu::{all_aligned16, check_device_vector};
+    use crate::types::{check_matrix, check_nonempty_k};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "swiglu_backward_and_per_token_cast.cu",
+        entry: "tk_swiglu_backward_and_per_token_cast",
+        code: include_str!("../cuda/swiglu_backward_and_per_token_cast.cu"),
+        headers: &[
+            (
+                "tk/quant_scale.cuh",
+                include_str!("../cuda/quant_scale.cuh"),
+            ),
+            ("tk/fused_io.cuh", include_str!("../cuda/fused_io.cuh")),
+        ],
+        needs_cuda_headers: true,
+    };
+
+    /// The tensor arguments of the GPU op ([`super::SwigluBackwardInputs`] on the device).
+    #[derive(Debug, Clone)]
+    pub struct DeviceSwigluBackwardInputs<'a> {
+        /// e4m3 `(N, 2H)`, unit column stride, any row stride.
+        pub x: DeviceView<'a, F8E4M3>,
+        /// fp32 `(N, 2H/npc)` dequantization multipliers, unit column stride.
+        pub x_sf: DeviceView<'a, f32>,
+        /// bf16 `(N, H)`, unit column stride.
+        pub grad_out: DeviceView<'a, bf16>,
+        /// fp32 `(T, k)`, any strides.
+        pub weight: DeviceView<'a, f32>,
+        /// int32 `(N,)`: each row's routing slot, negative for padding rows.
+        pub pos_to_token_topk: DeviceView<'a, i32>,
+        /// int32 `(T, k)`: each slot's row, or −1.
+        pub token_topk_to_pos: DeviceView<'a, i32>,
+    }
+
+    /// Where [`swiglu_backward_and_per_token_cast_into`] writes (all contiguous).
+    #[derive(Debug)]
+    pub struct DeviceSwigluBackwardOutputsMut<'a> {
+        /// bf16 `(N, H)`.
+        pub out: DeviceViewMut<'a, bf16>,
+        /// e4m3 `(N, 2H)`.
+        pub x_grad_fp8: DeviceViewMut<'a, F8E4M3>,
+        /// fp32 layout-A scales of grid `(N, 2H/npc)`.
+        pub x_grad_fp8_sf: &'a mut DeviceScales,
+        /// bf16 `(N, 2H)`.
+        pub x_grad: DeviceViewMut<'a, bf16>,
+        /// fp32 `(T, k)`.
+        pub weight_grad: DeviceViewMut<'a, f32>,
+    }
+
+    /// What the allocating GPU op returns (see [`super`] for the meanings).
+    #[derive(Debug)]
+    pub struct DeviceSwigluBackwardOutput {
+        /// bf16 `(N, H)`.
+        pub out: DeviceTensor<bf16>,
+        /// e4m3 `(N, 2H)`.
+        pub x_grad_fp8: DeviceQuantData,
+        /// fp32 layout-A scales `(N, 2H/npc)`.
+        pub x_grad_fp8_sf: DeviceScales,
+        /// bf16 `(N, 2H)`.
+        pub x_grad: DeviceTensor<bf16>,
+        /// fp32 `(T, k)`.
+        pub weight_grad: DeviceTensor<f32>,
+    }
+
+    /// The kernel arguments, field for field `Params` in the kernel.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    struct BwdArgs {
+        x: u64,
+        ldx: u64,
+        xs: u64,
+        xs_ld: u64,
+        g: u64,
+        ldg: u64,
+        w: u64,
+        w_s0: u64,
+        w_s1: u64,
+        k: u64,
+        tk: u64,
+        ptt: u64,
+        ptt_s: u64,
+        ttp: u64,
+        ttp_s0: u64,
+        ttp_s1: u64,
+        out: u64,
+        q: u64,
+        qsf: u64,
+        xg: u64,
+        wg: u64,
+        n: u64,
+        h: u64,
+        has_clamp: u32,
+        clamp: f32,
+    }
+
+    // SAFETY: `BwdArgs` is `repr(C)` plain old data (23 × u64 then 2 × 4 bytes, no padding),
+    // laid out exactly as the kernel's `Params`, which the kernel receives by value.
+    unsafe impl DeviceRepr for BwdArgs {}
+
+    /// The kernel specialisation for `npc`, `round_sf` and vector accesses.
+    fn kernel_spec(npc: usize, round_sf: bool, vecio: bool) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_NPC", npc)
+            .define("TK_ROUND", round_sf as u8)
+            .define("TK_VECIO", vecio as u8)
+    }
+
+    /// The specialisations the tests and benchmarks launch.
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for npc in NUM_PER_CHANNELS {
+            for round in [false, true] {
+                v.push(kernel_spec(npc, round, true));
+            }
+        }
+        v
+    }
+
+    /// `swiglu_backward_and_per_token_cast` on the GPU into caller-provided outputs.
+    ///
+    /// Errors: those of [`super::validate`] on the shapes (not the maps' values, see the
+    /// module docs), each output's shape and contiguity, `x_grad_fp8_sf`'s layout (A) and grid,
+    /// and [`tk_core::TkError::Placement`] for tensors on another device.
+    pub fn swiglu_backward_and_per_token_cast_into(
+        inputs: &DeviceSwigluBackwardInputs<'_>,
+        params: &SwigluBackwardParams,
+        outs: &mut DeviceSwigluBackwardOutputsMut<'_>,
+    ) -> Result<()> {
+        let dev: &Device = inputs.x.device();
+        let (n, two_h) = check_matrix("x", inputs.x.layout())?;
+        check_nonempty_k("x", inputs.x.layout(), two_h)?;
+        let plan = validate_dims(n, two_h, params)?;
+        let (h, npc) = (plan.h, params.num_per_channels);
+        let mut a = BwdArgs {
+            x: inputs.x.address(),
+            ldx: inputs.x.strides()[0] as u64,
+            n: n as u64,
+            h: h as u64,
+            ..BwdArgs::default()
+        };
+        let (t, k) = check_shapes(
+            &plan,
+            inputs.x_sf.layout(),
+            inputs.grad_out.layout(),
+            inputs.weight.layout(),
+            inputs.token_topk_to_pos.layout(),
+        )?;
+        for (arg, d) in [
+            ("x_sf", inputs.x_sf.device()),
+            ("grad_out", inputs.grad_out.device()),
+            ("weight", inputs.weight.device()),
+            ("token_topk_to_pos", inputs.token_topk_to_pos.device()),
+        ] {
+            check_same_device(arg, dev, d)?;
+        }
+        (a.xs, a.xs_ld) = (inputs.x_sf.address(), inputs.x_sf.strides()[0] as u64);
+        (a.g, a.ldg) = (
+            inputs.grad_out.address(),
+            inputs.grad_out.strides()[0] as u64,
+        );
+        let ws = inputs.weight.strides();
+        (a.w, a.w_s0, a.w_s1) = (inputs.weight.address(), ws[0] as u64, ws[1] as u64);
+        let ts = inputs.token_topk_to_pos.strides();
+        (a.ttp, a.ttp_s0, a.ttp_s1) = (
+            inputs.token_topk_to_pos.address(),
+            ts[0] as u64,
+            ts[1] as u64,
+        );
+        a.ptt_s = check_device_vector("pos_to_token_topk", &inputs.pos_to_token_topk, n, dev)?;
+        a.ptt = inputs.pos_to_token_topk.address();
+        (a.k, a.tk) = (k.max(1) as u64, (t * k) as u64);
+        if let Some(c) = params.swiglu_clamp_value {
+            (a.has_clamp, a.clamp) = (1, c);
+        }
+        check_contiguous("out", outs.out.layout(), &[n, h])?;
+        check_same_device("out", dev, outs.out.device())?;
+        a.out = outs.out.address();
+        check_contiguous("x_grad_fp8", outs.x_grad_fp8.layout(), &[n, two_h])?;
+        check_same_device("x_grad_fp8", dev, outs.x_grad_fp8.device())?;
+        a.q = outs.x_grad_fp8.address();
+        check_out_scales(outs.x_grad_fp8_sf, &plan.cast)?;
+        check_same_device("x_grad_fp8_sf", dev, outs.x_grad_fp8_sf.device())?;
+        a.qsf = outs.x_grad_fp8_sf.address();
+        check_contiguous("x_grad", outs.x_grad.layout(), &[n, two_h])?;
+        check_same_device("x_grad", dev, outs.x_grad.device())?;
+        a.xg = outs.x_grad.address();
+        check_contiguous("weight_grad", outs.weight_grad.layout(), &[t, k])?;
+        check_same_device("weight_grad", dev, outs.weight_grad.device())?;
+        a.wg = outs.weight_grad.address();
+        let vecio = all_aligned16(&[a.x, a.ldx, a.g, a.ldg * 2, a.out, a.q, a.xg]);
+        let slots = t * k;
+        let ctas = n.max(slots.div_ceil(128)).min(i32::MAX as usize);
+        if ctas == 0 {
+            return Ok(());
+        }
+        let f = dev.function(&kernel_spec(npc, params.round_sf, vecio))?;
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&a);
+        // SAFETY: x (N, 2H), x_sf (N, 2H/npc), grad_out (N, H) were validated with unit column
+        // stride and their row strides passed; weight and token_topk_to_pos as (T, k) with
+        // strides, pos_to_token_topk as (N,); map entries are bounds-checked in the kernel
+        // (only 0 <= p < T·k is read or written); every output was checked contiguous with its
+        // exact shape (scales: layout A of the planned grid), all on x's device. Vector
+        // accesses only when every row start is 16-byte aligned. Buffers outlive the launch.
+        unsafe {
+            l.launch(LaunchConfig {
+                grid_dim: (ctas as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .ctx("launching tk_swiglu_backward_and_per_token_cast")?;
+        Ok(())
+    }
+
+    /// `swiglu_backward_and_per_token_cast` on the GPU, allocating the outputs.
+    ///
+    /// Errors: see [`swiglu_backward_and_per_token_cast_into`].
+    pub fn swiglu_backward_and_per_token_cast(
+        inputs: &DeviceSwigluBackwardInputs<'_>,
+        params: &SwigluBackwardParams,
+    ) -> Result<DeviceSwigluBackwardOutput> {
+        let dev = inputs.x.device();
+        let (n, two_h) = check_matrix("x", inputs.x.layout())?;
+        let plan = validate_dims(n, two_h, params)?;
+        let (t, k) = match *inputs.weight.shape() {
+            [t, k] => (t, k),
+            _ => (0, 0),
+        };
+        let mut out = dev.alloc::<bf16>(&[n, plan.h])?;
+        let mut q = dev.alloc::<F8E4M3>(&[n, two_h])?;
+        let mut sf = DeviceScales::alloc(dev, plan.cast.sf_layout, plan.cast.grid)?;
+        let mut xg = dev.alloc::<bf16>(&[n, two_h])?;
+        let mut wg = dev.alloc::<f32>(&[t, k])?;
+        let mut outs = DeviceSwigluBackwardOutputsMut {
+            out: out.view_mut(),
+            x_grad_fp8: q.view_mut(),
+            x_grad_fp8_sf: &mut sf,
+            x_grad: xg.view_mut(),
+            weight_grad: wg.view_mut(),
+        };
+        swiglu_backward_and_per_token_cast_into(inputs, params, &mut outs)?;
+        drop(outs);
+        Ok(DeviceSwigluBackwardOutput {
+            out,
+            x_grad_fp8: DeviceQuantData::E4M3(q),
+            x_grad_fp8_sf: sf,
+            x_grad: xg,
+            weight_grad: wg,
+        })
+    }
 }

@@ -118,3 +118,125 @@ pub fn validate_dims(m: usize, two_h: usize, params: &SwigluPerChannelParams) ->
         "num_per_tokens",
     )
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`): `cuda/swiglu_forward_and_per_channel_cast_and_transpose.cu`,
+/// the per-channel tile of [`crate::per_channel_cast_and_transpose`] whose values are the
+/// bf16 activation, computed in registers from 16-byte loads of the gate and value halves
+/// (clamp in fp32, CUDA's `expf`); bit-exact with
+/// [`reference::swiglu_forward_and_per_channel_cast_and_transpose_with_expf`](fn@crate::reference::swiglu_forward_and_per_channel_cast_and_transpose_with_expf)
+/// given CUDA's `expf`. No host synchronisation.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use half::bf16;
+    use tk_core::{DeviceView, KernelSource, KernelSpec, Result};
+
+    use super::{validate_dims, SwigluPerChannelParams, NUM_PER_TOKENS};
+    use crate::device::{DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
+    use crate::per_channel_cast_and_transpose::{
+        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS,
+    };
+    use crate::plan::CastPlan;
+    use crate::types::{check_matrix, check_nonempty_k, CastFormat};
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "swiglu_forward_and_per_channel_cast_and_transpose.cu",
+        entry: "tk_swiglu_forward_and_per_channel_cast_and_transpose",
+        code: include_str!("../cuda/swiglu_forward_and_per_channel_cast_and_transpose.cu"),
+        headers: PER_CHANNEL_HEADERS,
+        needs_cuda_headers: true,
+    };
+
+    /// The specialisations the tests and benchmarks launch.
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for npt in NUM_PER_TOKENS {
+            for round in [false, true] {
+                for transpose in [false, true] {
+                    v.push(per_channel_spec(&SOURCE, npt, round, transpose, true));
+                }
+            }
+        }
+        v
+    }
+
+    fn prepare(
+        x: &DeviceView<'_, bf16>,
+        params: &SwigluPerChannelParams,
+    ) -> Result<(CastPlan, PerChannelArgs)> {
+        let (m, two_h) = check_matrix("x", x.layout())?;
+        check_nonempty_k("x", x.layout(), two_h)?;
+        let plan = validate_dims(m, two_h, params)?;
+        let mut args = PerChannelArgs {
+            x: x.address(),
+            ldx: x.strides()[0] as u64,
+            n_in: m as u64,
+            h: plan.k as u64,
+            ..PerChannelArgs::default()
+        };
+        if let Some(c) = params.swiglu_clamp_value {
+            (args.has_clamp, args.clamp) = (1, c);
+        }
+        Ok((plan, args))
+    }
+
+    /// `swiglu_forward_and_per_channel_cast_and_transpose` on the GPU into caller-provided
+    /// contiguous `out` (e4m3 `(H, M)`, or `(M, H)` with `without_transpose`) and `out_sf`
+    /// (fp32 layout A `(M/npt, H)`); `x` is bf16 `(M, 2H)` with unit column stride.
+    ///
+    /// Errors: those of [`super::validate`], `out` / `out_sf` (format, shape, contiguity,
+    /// layout, grid), [`tk_core::TkError::Placement`].
+    pub fn swiglu_forward_and_per_channel_cast_and_transpose_into(
+        x: &DeviceView<'_, bf16>,
+        params: &SwigluPerChannelParams,
+        out: &mut DeviceQuantDataViewMut<'_>,
+        out_sf: &mut DeviceScales,
+    ) -> Result<()> {
+        let (plan, args) = prepare(x, params)?;
+        let transpose = !params.without_transpose;
+        launch_per_channel(
+            x.device(),
+            &plan,
+            transpose,
+            args,
+            &[args.x, args.ldx * 2],
+            (out, out_sf),
+            |vec| {
+                per_channel_spec(
+                    &SOURCE,
+                    params.num_per_tokens,
+                    params.round_sf,
+                    transpose,
+                    vec,
+                )
+            },
+        )
+    }
+
+    /// `swiglu_forward_and_per_channel_cast_and_transpose` on the GPU, allocating the outputs.
+    ///
+    /// Errors: see [`swiglu_forward_and_per_channel_cast_and_transpose_into`].
+    pub fn swiglu_forward_and_per_channel_cast_and_transpose(
+        x: &DeviceView<'_, bf16>,
+        params: &SwigluPerChannelParams,
+    ) -> Result<(DeviceQuantData, DeviceScales)> {
+        let (plan, _) = prepare(x, params)?;
+        let dev = x.device();
+        let (rows, cols) = if params.without_transpose {
+            (plan.m, plan.k)
+        } else {
+            (plan.k, plan.m)
+        };
+        let mut d = DeviceQuantData::alloc(dev, CastFormat::E4M3, rows, cols)?;
+        let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
+        swiglu_forward_and_per_channel_cast_and_transpose_into(
+            x,
+            params,
+            &mut d.view_mut(),
+            &mut s,
+        )?;
+        Ok((d, s))
+    }
+}

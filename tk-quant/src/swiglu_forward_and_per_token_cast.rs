@@ -330,3 +330,484 @@ pub fn validate_dims(
         )?),
     })
 }
+
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+/// The GPU op (feature `cuda`): `cuda/swiglu_forward_and_per_token_cast.cu`, bit-exact with
+/// [`reference::swiglu_forward_and_per_token_cast_with_expf`](fn@crate::reference::swiglu_forward_and_per_token_cast_with_expf)
+/// given CUDA's `expf` (see [`crate::swiglu`]).
+///
+/// Kernel: groups of 128 columns (and the plain formats) use a tiled kernel, a CTA of 16 teams
+/// of 16 lanes, each team one 128-column group of 4 rows (16-byte loads of gate and value, the
+/// group's amax by 4 warp shuffles); `npc == H` uses one CTA per row, the row's activations
+/// held in registers between the amax and the cast. No host synchronisation.
+///
+/// Device-side differences from [`validate`]: index *values* cannot be checked without a host
+/// synchronisation, so a `pos_to_token_topk` entry `>= T·k` (rejected on the CPU) reads no
+/// memory and gives weight 0, like a negative one.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use half::bf16;
+    use tk_core::error::DriverContext;
+    use tk_core::{
+        Device, DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError,
+    };
+
+    use super::{validate_dims, SwigluForwardParams, SwigluForwardPlan, SwigluOutFormat};
+    use crate::cast::{check_out_scales, check_same_device};
+    use crate::device::{
+        check_contiguous, DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales,
+    };
+    use crate::scale::ScaleLayout;
+    use crate::swiglu::{all_aligned16, check_device_rank2, check_device_vector};
+    use crate::types::CastFormat;
+
+    static SOURCE: KernelSource = KernelSource {
+        file: "swiglu_forward_and_per_token_cast.cu",
+        entry: "tk_swiglu_forward_and_per_token_cast",
+        code: include_str!("../cuda/swiglu_forward_and_per_token_cast.cu"),
+        headers: &[
+            (
+                "tk/quant_scale.cuh",
+                include_str!("../cuda/quant_scale.cuh"),
+            ),
+            ("tk/fused_io.cuh", include_str!("../cuda/fused_io.cuh")),
+        ],
+        needs_cuda_headers: true,
+    };
+
+    /// The device routing weights: [`super::TopkWeights`] on the GPU.
+    #[derive(Debug, Clone)]
+    pub struct DeviceTopkWeights<'a> {
+        /// `(N,)` int32: `p >= 0` selects `topk_weights.flat[p]`; negative (or `>= T·k`):
+        /// weight 0.
+        pub pos_to_token_topk: DeviceView<'a, i32>,
+        /// `(T, k)` fp32, any strides.
+        pub topk_weights: DeviceView<'a, f32>,
+    }
+
+    /// The tensor arguments of the GPU op ([`super::SwigluForwardInputs`] on the device).
+    #[derive(Debug, Clone)]
+    pub struct DeviceSwigluForwardInputs<'a> {
+        /// `(N, 2H)` fp32 / bf16, unit column stride, any row stride.
+        pub x: DevicePlainInput<'a>,
+        /// Optional routing weights.
+        pub topk: Option<DeviceTopkWeights<'a>>,
+        /// Optional `(N,)` int32; rows with a negative entry are padding (zeros, zero scale).
+        pub pos_to_expert: Option<DeviceView<'a, i32>>,
+    }
+
+    impl<'a> DeviceSwigluForwardInputs<'a> {
+        /// Just `x`: every row processed, no weights.
+        pub fn new(x: impl Into<DevicePlainInput<'a>>) -> Self {
+            Self {
+                x: x.into(),
+                topk: None,
+                pos_to_expert: None,
+            }
+        }
+    }
+
+    /// The output data of the GPU op, by format.
+    #[derive(Debug)]
+    pub enum DeviceSwigluOut {
+        /// `F32`: the activation `(N, H)`.
+        F32(DeviceTensor<f32>),
+        /// `BF16`: `(N, H)`.
+        BF16(DeviceTensor<bf16>),
+        /// `E4M3` / `E2M1`: data `(N, H)` / `(N, H/2)` and scales of grid `(N, H/npc)`.
+        Quantized(DeviceQuantData, DeviceScales),
+    }
+
+    /// Where [`swiglu_forward_and_per_token_cast_into`] writes, by format.
+    #[derive(Debug)]
+    pub enum DeviceSwigluOutMut<'a> {
+        /// `F32`: contiguous fp32 `(N, H)`.
+        F32(DeviceViewMut<'a, f32>),
+        /// `BF16`: contiguous bf16 `(N, H)`.
+        BF16(DeviceViewMut<'a, bf16>),
+        /// `E4M3` / `E2M1`: contiguous data and scales of the planned layout and grid.
+        Quantized(DeviceQuantDataViewMut<'a>, &'a mut DeviceScales),
+    }
+
+    /// What the allocating GPU op returns.
+    #[derive(Debug)]
+    pub struct DeviceSwigluForwardOutput {
+        /// The data (and scales).
+        pub out: DeviceSwigluOut,
+        /// int64 `(3,)` `[#(l > C), #(v > C), #(v < −C)]` when `count_clamped`.
+        pub clamped_count: Option<DeviceTensor<i64>>,
+    }
+
+    /// The kernel arguments, field for field `Params` in the kernel.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default)]
+    struct FwdArgs {
+        x: u64,
+        ldx: u64,
+        ptt: u64,
+        ptt_s: u64,
+        tw: u64,
+        tw_s0: u64,
+        tw_s1: u64,
+        tw_k: u64,
+        tw_len: u64,
+        pte: u64,
+        pte_s: u64,
+        out: u64,
+        sf: u64,
+        count: u64,
+        n: u64,
+        h: u64,
+        nbk: u64,
+        ra: u64,
+        has_clamp: u32,
+        clamp: f32,
+        eps: f32,
+        pad: u32,
+    }
+
+    // SAFETY: `FwdArgs` is `repr(C)` plain old data (18 × u64 then 4 × 4 bytes, no padding),
+    // laid out exactly as the kernel's `Params`, which the kernel receives by value.
+    unsafe impl DeviceRepr for FwdArgs {}
+
+    /// One specialisation of the kernel.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub(crate) struct FwdKernel {
+        /// bf16 (else fp32) input.
+        pub bf16_in: bool,
+        pub out: SwigluOutFormat,
+        /// Scale layout and rounding (quantized formats).
+        pub sf: Option<(ScaleLayout, bool)>,
+        pub vecio: bool,
+        /// Whole-row path: `(threads, fragments per thread)`.
+        pub whole_row: Option<(usize, usize)>,
+    }
+
+    impl FwdKernel {
+        pub(crate) fn spec(&self) -> KernelSpec {
+            let out = match self.out {
+                SwigluOutFormat::F32 => 0,
+                SwigluOutFormat::BF16 => 1,
+                SwigluOutFormat::E4M3 => 2,
+                SwigluOutFormat::E2M1 => 3,
+            };
+            let mut s = KernelSpec::new(&SOURCE)
+                .define("TK_IN", self.bf16_in as u8)
+                .define("TK_OUT", out)
+                .define("TK_VECIO", self.vecio as u8);
+            if let Some((layout, round)) = self.sf {
+                s = s
+                    .define("TK_SF_OUT", layout_code(layout))
+                    .define("TK_ROUND", round as u8);
+            }
+            if let Some((threads, nf)) = self.whole_row {
+                s = s.define("TK_THREADS", threads).define("TK_NF", nf);
+            }
+            s
+        }
+    }
+
+    /// The kernels' code of a scale layout (A 0, B 1, C 2).
+    pub(crate) fn layout_code(layout: ScaleLayout) -> u8 {
+        match layout {
+            ScaleLayout::RowMajorF32 => 0,
+            ScaleLayout::ColMajorF32 => 1,
+            ScaleLayout::PackedUe8m0 => 2,
+        }
+    }
+
+    /// Whole-row geometry for `h` columns in fragments of 8: `(threads, fragments per
+    /// thread)`, at most 8 fragments per thread (so `H <= 65536`).
+    fn whole_row_shape(h: usize) -> Result<(usize, usize)> {
+        let frags = h / 8;
+        let threads = frags.div_ceil(4).next_power_of_two().clamp(32, 1024);
+        let nf = frags.div_ceil(threads);
+        if nf > 8 {
+            return Err(TkError::param(
+                "num_per_channels",
+                format!(
+                    "one scale per row of H = {h} columns exceeds the GPU kernel's limit of \
+                     65536 columns; use num_per_channels = 128"
+                ),
+            ));
+        }
+        Ok((threads, nf))
+    }
+
+    /// The specialisations the tests and benchmarks launch: bf16 and fp32 input to every
+    /// format, groups of 128 in layouts A and C, and a whole-row cast.
+    pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
+        let mut v = Vec::new();
+        for bf16_in in [true, false] {
+            for out in [SwigluOutFormat::F32, SwigluOutFormat::BF16] {
+                v.push(
+                    FwdKernel {
+                        bf16_in,
+                        out,
+                        sf: None,
+                        vecio: true,
+                        whole_row: None,
+                    }
+                    .spec(),
+                );
+            }
+            for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
+                for sf in [
+                    (ScaleLayout::RowMajorF32, true),
+                    (ScaleLayout::PackedUe8m0, true),
+                ] {
+                    v.push(
+                        FwdKernel {
+                            bf16_in,
+                            out,
+                            sf: Some(sf),
+                            vecio: true,
+                            whole_row: None,
+                        }
+                        .spec(),
+                    );
+                }
+                v.push(
+                    FwdKernel {
+                        bf16_in,
+                        out,
+                        sf: Some((ScaleLayout::RowMajorF32, true)),
+                        vecio: true,
+                        whole_row: Some((256, 2)),
+                    }
+                    .spec(),
+                );
+            }
+        }
+        v
+    }
+
+    /// Validates the device inputs as [`super::validate`] does (shapes; index values are not
+    /// read, see the module docs) and returns the plan and the kernel arguments for them.
+    fn prepare(
+        inputs: &DeviceSwigluForwardInputs<'_>,
+        params: &SwigluForwardParams,
+    ) -> Result<(SwigluForwardPlan, FwdArgs)> {
+        let dev = inputs.x.device();
+        let (n, two_h) = inputs.x.validate("x")?;
+        let plan = validate_dims(n, two_h, params)?;
+        let mut a = FwdArgs {
+            x: inputs.x.address(),
+            ldx: inputs.x.layout().strides()[0] as u64,
+            n: n as u64,
+            h: plan.h as u64,
+            ..FwdArgs::default()
+        };
+        if let Some(tw) = &inputs.topk {
+            a.ptt_s = check_device_vector("pos_to_token_topk", &tw.pos_to_token_topk, n, dev)?;
+            let ((t, k), (s0, s1)) =
+                check_device_rank2("topk_weights", &tw.topk_weights, "(T, k) fp32", dev)?;
+            a.ptt = tw.pos_to_token_topk.address();
+            (a.tw, a.tw_s0, a.tw_s1) = (tw.topk_weights.address(), s0, s1);
+            (a.tw_k, a.tw_len) = (k.max(1) as u64, (t * k) as u64);
+        }
+        if let Some(p) = &inputs.pos_to_expert {
+            a.pte_s = check_device_vector("pos_to_expert", p, n, dev)?;
+            a.pte = p.address();
+        }
+        if let Some(c) = params.swiglu_clamp_value {
+            (a.has_clamp, a.clamp) = (1, c);
+        }
+        if let Some(cast) = &plan.cast {
+            let fmt = cast_format(params.out_format);
+            a.eps = params.sf_clamp_min.unwrap_or(match fmt {
+                CastFormat::E4M3 => f32::from_bits(0x38D1_B717),
+                CastFormat::E2M1 => f32::from_bits(0x01C0_0000),
+            });
+            a.nbk = cast.grid.nbk() as u64;
+            a.ra = cast.grid.rows_aligned() as u64;
+        }
+        Ok((plan, a))
+    }
+
+    fn cast_format(f: SwigluOutFormat) -> CastFormat {
+        f.cast_format()
+            .expect("a cast plan exists for quantized formats only")
+    }
+
+    /// `swiglu_forward_and_per_token_cast` on the GPU into caller-provided outputs: `out` in
+    /// `params.out_format` (contiguous `(N, H)`, or `(N, H/2)` for e2m1, with scales of the
+    /// planned layout and grid `(N, H/npc)`), and, when `params.count_clamped`, the int64
+    /// `(3,)` counter `clamped_count`, **to which the counts are added** (upstream's
+    /// semantics; zero it first for fresh counts).
+    ///
+    /// Errors: those of [`super::validate`] on the shapes, `out` / `out_sf` (format, shape,
+    /// contiguity, scale layout and grid), `clamped_count` (missing, or not int64 `(3,)`
+    /// contiguous), and [`TkError::Placement`] for tensors on another device.
+    pub fn swiglu_forward_and_per_token_cast_into(
+        inputs: &DeviceSwigluForwardInputs<'_>,
+        params: &SwigluForwardParams,
+        out: &mut DeviceSwigluOutMut<'_>,
+        clamped_count: Option<&mut DeviceViewMut<'_, i64>>,
+    ) -> Result<()> {
+        let dev = inputs.x.device();
+        let (plan, mut a) = prepare(inputs, params)?;
+        let (n, h) = (plan.n, plan.h);
+        let fmt_err = || {
+            TkError::param(
+                "out",
+                format!(
+                    "the output does not match out_format = {:?}",
+                    params.out_format
+                ),
+            )
+        };
+        match (params.out_format, &mut *out) {
+            (SwigluOutFormat::F32, DeviceSwigluOutMut::F32(o)) => {
+                check_contiguous("out", o.layout(), &[n, h])?;
+                check_same_device("out", dev, o.device())?;
+                a.out = o.address();
+            }
+            (SwigluOutFormat::BF16, DeviceSwigluOutMut::BF16(o)) => {
+                check_contiguous("out", o.layout(), &[n, h])?;
+                check_same_device("out", dev, o.device())?;
+                a.out = o.address();
+            }
+            (
+                f @ (SwigluOutFormat::E4M3 | SwigluOutFormat::E2M1),
+                DeviceSwigluOutMut::Quantized(d, s),
+            ) => {
+                let cast = plan.cast.as_ref().ok_or_else(fmt_err)?;
+                d.check_output("out", cast_format(f), n, h)?;
+                check_same_device("out", dev, d.device())?;
+                check_out_scales(s, cast)?;
+                check_same_device("out_sf", dev, s.device())?;
+                a.out = d.address();
+                a.sf = s.address();
+            }
+            _ => return Err(fmt_err()),
+        }
+        match (params.count_clamped, clamped_count) {
+            (false, _) => {}
+            (true, None) => {
+                return Err(TkError::param(
+                    "clamped_count",
+                    "count_clamped is set: pass an int64 (3,) counter",
+                ))
+            }
+            (true, Some(c)) => {
+                check_contiguous("clamped_count", c.layout(), &[3])?;
+                check_same_device("clamped_count", dev, c.device())?;
+                a.count = c.address();
+            }
+        }
+        let in_bytes = if matches!(inputs.x, DevicePlainInput::BF16(_)) {
+            2
+        } else {
+            4
+        };
+        let vecio = all_aligned16(&[a.x, a.ldx * in_bytes, a.out]);
+        let quant = plan
+            .cast
+            .as_ref()
+            .map(|c| (c.sf_layout, params.opts.round_sf));
+        let npc = plan.cast.map_or(0, |c| c.block.1);
+        let kernel = FwdKernel {
+            bf16_in: in_bytes == 2,
+            out: params.out_format,
+            sf: quant,
+            vecio,
+            whole_row: if quant.is_some() && npc == h && h > 128 {
+                Some(whole_row_shape(h)?)
+            } else {
+                None
+            },
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let big = i32::MAX as usize;
+        let cfg = match kernel.whole_row {
+            Some((threads, _)) => LaunchConfig {
+                grid_dim: (n.min(big) as u32, 1, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            None => LaunchConfig {
+                grid_dim: ((h / 128) as u32, n.div_ceil(64).min(65535) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        };
+        let f = dev.function(&kernel.spec())?;
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&a);
+        // SAFETY: x was validated as (N, 2H) with unit column stride and the row stride passed;
+        // the index vectors as (N,) and topk_weights as (T, k) with their strides (entries are
+        // bounds-checked in the kernel: only 0 <= p < T·k is read); every output was checked
+        // contiguous with the exact shape (scales: layout and grid, the kernel writing inside
+        // storage_len), the counter as (3,) int64; all on x's device. Vector accesses are used
+        // only when every row start is 16-byte aligned. Buffers outlive the launch.
+        unsafe { l.launch(cfg) }.ctx("launching tk_swiglu_forward_and_per_token_cast")?;
+        Ok(())
+    }
+
+    /// `swiglu_forward_and_per_token_cast` on the GPU, allocating the outputs (the clamp
+    /// counter starts from zero).
+    ///
+    /// Errors: see [`swiglu_forward_and_per_token_cast_into`].
+    pub fn swiglu_forward_and_per_token_cast(
+        inputs: &DeviceSwigluForwardInputs<'_>,
+        params: &SwigluForwardParams,
+    ) -> Result<DeviceSwigluForwardOutput> {
+        let dev: &Device = inputs.x.device();
+        let (n, two_h) = inputs.x.validate("x")?;
+        let plan = validate_dims(n, two_h, params)?;
+        let h = plan.h;
+        let mut counts = if params.count_clamped {
+            Some(dev.zeros::<i64>(&[3])?)
+        } else {
+            None
+        };
+        let out = match (params.out_format, &plan.cast) {
+            (SwigluOutFormat::F32, _) => {
+                let mut t = dev.alloc::<f32>(&[n, h])?;
+                let mut o = DeviceSwigluOutMut::F32(t.view_mut());
+                swiglu_forward_and_per_token_cast_into(
+                    inputs,
+                    params,
+                    &mut o,
+                    counts.as_mut().map(|c| c.view_mut()).as_mut(),
+                )?;
+                DeviceSwigluOut::F32(t)
+            }
+            (SwigluOutFormat::BF16, _) => {
+                let mut t = dev.alloc::<bf16>(&[n, h])?;
+                let mut o = DeviceSwigluOutMut::BF16(t.view_mut());
+                swiglu_forward_and_per_token_cast_into(
+                    inputs,
+                    params,
+                    &mut o,
+                    counts.as_mut().map(|c| c.view_mut()).as_mut(),
+                )?;
+                DeviceSwigluOut::BF16(t)
+            }
+            (f, Some(cast)) => {
+                let mut d = DeviceQuantData::alloc(dev, cast_format(f), n, h)?;
+                let mut s = DeviceScales::alloc(dev, cast.sf_layout, cast.grid)?;
+                let mut o = DeviceSwigluOutMut::Quantized(d.view_mut(), &mut s);
+                swiglu_forward_and_per_token_cast_into(
+                    inputs,
+                    params,
+                    &mut o,
+                    counts.as_mut().map(|c| c.view_mut()).as_mut(),
+                )?;
+                drop(o);
+                DeviceSwigluOut::Quantized(d, s)
+            }
+            (_, None) => unreachable!("validate_dims plans a cast for every quantized format"),
+        };
+        Ok(DeviceSwigluForwardOutput {
+            out,
+            clamped_count: counts,
+        })
+    }
+}

@@ -24,11 +24,11 @@
 //! | [`per_channel_cast`](fn@per_channel_cast) | [`crate::per_channel_cast`](mod@crate::per_channel_cast) | §3.5 | `(128, 1)` |
 //! | [`cast_back_op`](fn@cast_back_op), [`per_token_cast_back`] | [`crate::cast_back`](mod@crate::cast_back) | §3.8 | `x_block_size`, `(1, npc)` |
 //! | [`cast_back_e5m6`], [`per_token_cast_back_e5m6`] | [`crate::cast_back`](mod@crate::cast_back) | §3.9 | `x_block_size`, `(1, npc)` |
-//! | [`per_channel_cast_fused`](fn@per_channel_cast_fused) | [`crate::per_channel_cast_fused`] | §3.6 | `(128, 1)` after gather / dequantization |
-//! | [`per_channel_cast_and_transpose`](fn@per_channel_cast_and_transpose) | [`crate::per_channel_cast_and_transpose`] | §3.7 | `(npt, 1)`, data transposed |
-//! | [`swiglu_forward_and_per_token_cast`](fn@swiglu_forward_and_per_token_cast) (+ `_with_expf`, [`swiglu_forward_activation`], [`swiglu_forward_downstream`]) | [`crate::swiglu_forward_and_per_token_cast`] | §3.10 | `(1, npc)` of the activation |
-//! | [`swiglu_backward_and_per_token_cast`](fn@swiglu_backward_and_per_token_cast) (+ `_with_expf`, [`swiglu_backward_element`]) | [`crate::swiglu_backward_and_per_token_cast`] | §3.11 | `(1, npc)` of the gradient |
-//! | [`swiglu_forward_and_per_channel_cast_and_transpose`](fn@swiglu_forward_and_per_channel_cast_and_transpose) (+ `_with_expf`, [`swiglu_per_channel_activation`], [`swiglu_per_channel_downstream`]) | [`crate::swiglu_forward_and_per_channel_cast_and_transpose`] | §3.12 | `(npt, 1)` of the bf16 activation |
+//! | [`per_channel_cast_fused`](fn@per_channel_cast_fused) | [`crate::per_channel_cast_fused`](mod@crate::per_channel_cast_fused) | §3.6 | `(128, 1)` after gather / dequantization |
+//! | [`per_channel_cast_and_transpose`](fn@per_channel_cast_and_transpose) | [`crate::per_channel_cast_and_transpose`](mod@crate::per_channel_cast_and_transpose) | §3.7 | `(npt, 1)`, data transposed |
+//! | [`swiglu_forward_and_per_token_cast`](fn@swiglu_forward_and_per_token_cast) (+ `_with_expf`, [`swiglu_forward_activation`], [`swiglu_forward_downstream`]) | [`crate::swiglu_forward_and_per_token_cast`](mod@crate::swiglu_forward_and_per_token_cast) | §3.10 | `(1, npc)` of the activation |
+//! | [`swiglu_backward_and_per_token_cast`](fn@swiglu_backward_and_per_token_cast) (+ `_with_expf`, [`swiglu_backward_element`]) | [`crate::swiglu_backward_and_per_token_cast`](mod@crate::swiglu_backward_and_per_token_cast) | §3.11 | `(1, npc)` of the gradient |
+//! | [`swiglu_forward_and_per_channel_cast_and_transpose`](fn@swiglu_forward_and_per_channel_cast_and_transpose) (+ `_with_expf`, [`swiglu_per_channel_activation`], [`swiglu_per_channel_downstream`]) | [`crate::swiglu_forward_and_per_channel_cast_and_transpose`](mod@crate::swiglu_forward_and_per_channel_cast_and_transpose) | §3.12 | `(npt, 1)` of the bf16 activation |
 //!
 //! The SwiGLU references take the `expf` they use as a parameter (default [`swiglu::cpu_expf`],
 //! the correctly rounded `exp`), so that everything but `expf` is bit-exact against the GPU;

@@ -3,7 +3,7 @@
 //! [`cast`](fn@super::cast) with block `(npt, 1)` (e4m3, layout A), then a transpose of the
 //! data.
 //!
-//! See [`crate::per_channel_cast_and_transpose`] for shapes, dtypes, preconditions and the
+//! See [`crate::per_channel_cast_and_transpose`](mod@crate::per_channel_cast_and_transpose) for shapes, dtypes, preconditions and the
 //! deviations from upstream.
 
 use float8::F8E4M3;

@@ -3,7 +3,7 @@
 //! `y`, then the generic reference [`cast`](fn@super::cast) with block `(128, 1)` (e4m3,
 //! layout A).
 //!
-//! See [`crate::per_channel_cast_fused`] for shapes, dtypes, preconditions and the deviations
+//! See [`crate::per_channel_cast_fused`](mod@crate::per_channel_cast_fused) for shapes, dtypes, preconditions and the deviations
 //! from upstream.
 
 use tk_core::convert::e4m3_to_f32;

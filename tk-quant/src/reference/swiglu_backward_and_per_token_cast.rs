@@ -7,7 +7,7 @@
 //! [`cpu_expf`]. [`swiglu_backward_element`] is the per-element arithmetic, in the spec's exact
 //! order, with its single FMA ([`f32::mul_add`]).
 //!
-//! See [`crate::swiglu_backward_and_per_token_cast`] for shapes, dtypes, preconditions and the
+//! See [`crate::swiglu_backward_and_per_token_cast`](mod@crate::swiglu_backward_and_per_token_cast) for shapes, dtypes, preconditions and the
 //! deviations from upstream.
 
 use half::bf16;

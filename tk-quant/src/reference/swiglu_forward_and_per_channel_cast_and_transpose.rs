@@ -9,7 +9,7 @@
 //! [`swiglu_forward_and_per_channel_cast_and_transpose`] chains them with [`cpu_expf`];
 //! [`swiglu_forward_and_per_channel_cast_and_transpose_with_expf`] with any `expf`.
 //!
-//! See [`crate::swiglu_forward_and_per_channel_cast_and_transpose`] for shapes, dtypes,
+//! See [`crate::swiglu_forward_and_per_channel_cast_and_transpose`](mod@crate::swiglu_forward_and_per_channel_cast_and_transpose) for shapes, dtypes,
 //! preconditions and the deviations from upstream.
 
 use half::bf16;

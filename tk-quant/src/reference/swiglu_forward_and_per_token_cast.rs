@@ -10,7 +10,7 @@
 //! [`swiglu_forward_and_per_token_cast_with_expf`] with any `expf`. With the `F32` format the
 //! output *is* the activation.
 //!
-//! See [`crate::swiglu_forward_and_per_token_cast`] for shapes, dtypes, preconditions and the
+//! See [`crate::swiglu_forward_and_per_token_cast`](mod@crate::swiglu_forward_and_per_token_cast) for shapes, dtypes, preconditions and the
 //! deviations from upstream.
 
 use half::bf16;

@@ -1,0 +1,149 @@
+// tk-quant: what the fused kernels (SwiGLU + cast, per-channel casts) share (include as
+// "tk/fused_io.cuh"): fragments of 8 consecutive elements of one row moved as raw bytes (one
+// or two 16-byte vectors, or 8 / 4 bytes, when the caller proved the alignment; bytewise
+// otherwise), bf16 / e4m3 / e2m1 packing of a fragment, and the SwiGLU activation with the
+// spec's exact operation order (§3.10 step 3, Appendix A.2).
+#pragma once
+#include "tk/quant_scale.cuh"
+#include <cuda_bf16.h>
+
+namespace tkq {
+
+using tk::u16;
+
+// NB bytes (4, 8, 16 or 32) at src as little-endian words: vector loads if VEC (src aligned
+// to min(NB, 16)), bytewise otherwise.
+template <int NB, bool VEC>
+__device__ __forceinline__ void load_bytes(const void* src, u32 (&w)[NB / 4]) {
+    if constexpr (VEC) {
+        if constexpr (NB >= 16) {
+#pragma unroll
+            for (int i = 0; i < NB / 16; ++i) {
+                const uint4 t = __ldg(reinterpret_cast<const uint4*>(src) + i);
+                w[4 * i] = t.x; w[4 * i + 1] = t.y; w[4 * i + 2] = t.z; w[4 * i + 3] = t.w;
+            }
+        } else if constexpr (NB == 8) {
+            const uint2 t = __ldg(reinterpret_cast<const uint2*>(src));
+            w[0] = t.x; w[1] = t.y;
+        } else {
+            w[0] = __ldg(reinterpret_cast<const u32*>(src));
+        }
+    } else {
+        const u8* b = reinterpret_cast<const u8*>(src);
+#pragma unroll
+        for (int i = 0; i < NB / 4; ++i)
+            w[i] = b[4 * i] | b[4 * i + 1] << 8 | b[4 * i + 2] << 16 | (u32)b[4 * i + 3] << 24;
+    }
+}
+
+// Stores NB bytes (4, 8, 16 or 32) given as little-endian words at dst (same rules as load_bytes).
+template <int NB, bool VEC>
+__device__ __forceinline__ void store_bytes(void* dst, const u32 (&w)[NB / 4]) {
+    if constexpr (VEC) {
+        if constexpr (NB >= 16) {
+#pragma unroll
+            for (int i = 0; i < NB / 16; ++i)
+                reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+        } else if constexpr (NB == 8) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        } else {
+            *reinterpret_cast<u32*>(dst) = w[0];
+        }
+    } else {
+        u8* b = reinterpret_cast<u8*>(dst);
+#pragma unroll
+        for (int i = 0; i < NB; ++i) b[i] = (u8)(w[i / 4] >> (8 * (i % 4)));
+    }
+}
+
+// The 8 values of a fragment of element type IN (0 fp32, 1 bf16, 2 e4m3) at src, widened to
+// fp32 (exact).
+template <int IN> struct Frag;
+template <> struct Frag<0> { static constexpr int BYTES = 32; };
+template <> struct Frag<1> { static constexpr int BYTES = 16; };
+template <> struct Frag<2> { static constexpr int BYTES = 8; };
+
+template <int IN, bool VEC>
+__device__ __forceinline__ void load8(const void* src, float (&v)[8]) {
+    u32 w[Frag<IN>::BYTES / 4];
+    load_bytes<Frag<IN>::BYTES, VEC>(src, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if constexpr (IN == 0) v[j] = __uint_as_float(w[j]);
+        else if constexpr (IN == 1) v[j] = __uint_as_float(((w[j / 2] >> (16 * (j % 2))) & 0xFFFF) << 16);
+        else v[j] = e4m3_value(w[j / 4] >> (8 * (j % 4)));
+    }
+}
+
+// bf16 RNE of a pair, even element in the low half.
+__device__ __forceinline__ u32 bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&b);
+}
+
+// fp32 of a bf16 rounding (RNE) of x.
+__device__ __forceinline__ float round_bf16(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+// Stores 8 fp32 values as fp32 (OUT 0, 32 bytes) or bf16 (OUT 1, 16 bytes, RNE).
+template <int OUT, bool VEC>
+__device__ __forceinline__ void store8_plain(void* dst, const float (&v)[8]) {
+    if constexpr (OUT == 0) {
+        u32 w[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = __float_as_uint(v[j]);
+        store_bytes<32, VEC>(dst, w);
+    } else {
+        u32 w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = bf16x2_bits(v[2 * j], v[2 * j + 1]);
+        store_bytes<16, VEC>(dst, w);
+    }
+}
+
+// Quantizes fl(v[j] * inv) and stores the 8 codes: e4m3 (FMT 0, 8 bytes) or packed e2m1
+// (FMT 1, 4 bytes, even element in the low nibble).
+template <int FMT, bool VEC>
+__device__ __forceinline__ void store8_quant(void* dst, const float (&v)[8], float inv) {
+    if constexpr (FMT == 0) {
+        u32 w[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j / 4] |= e4m3_code(__fmul_rn(v[j], inv)) << (8 * (j % 4));
+        store_bytes<8, VEC>(dst, w);
+    } else {
+        u32 w[1] = {0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[0] |= e2m1_code(__fmul_rn(v[j], inv)) << (4 * j);
+        store_bytes<4, VEC>(dst, w);
+    }
+}
+
+// Clamp flags of one SwiGLU pair (for the counts and the backward's zeroed gradients).
+struct ClampFlags {
+    bool gate, hi, lo;  // l > C, v > C, v < -C
+};
+
+// The clamp of §3.10 step 2 in fp32 (no-op unless CLAMP): l = C if l > C; v = C if v > C,
+// -C if v < -C. A NaN passes unchanged, as in the CPU reference.
+template <bool CLAMP>
+__device__ __forceinline__ ClampFlags swiglu_clamp(float& l, float& v, float c) {
+    ClampFlags f{false, false, false};
+    if constexpr (CLAMP) {
+        f.gate = l > c;
+        f.hi = v > c;
+        f.lo = v < -c;
+        if (f.gate) l = c;
+        if (f.hi) v = c;
+        else if (f.lo) v = -c;
+    }
+    return f;
+}
+
+// a = fl(fl(l / fl(1 + expf(-l))) * v): CUDA's (non-fast-math) expf, then three separately
+// rounded operations (no contraction).
+__device__ __forceinline__ float swiglu_act(float l, float v) {
+    return __fmul_rn(__fdiv_rn(l, __fadd_rn(1.0f, expf(-l))), v);
+}
+
+}  // namespace tkq

@@ -1,0 +1,142 @@
+// tk-quant: the per-channel cast tile shared by per_channel_cast_and_transpose (§3.7),
+// per_channel_cast_fused (§3.6) and swiglu_forward_and_per_channel_cast_and_transpose (§3.12)
+// (include as "tk/per_channel.cuh"). Each op supplies a Src with
+//   static __device__ void load(const Params& p, u64 r, u64 c0, float (&v)[8])
+// giving the 8 fp32 values y[r, c0..c0+8] (r < M) of its cast input; this header casts them to
+// e4m3 with one scale per column per NPT rows:
+//   amax[b, c] = max |y[r, c]| over rows r of block b (rows >= M absent), (sf, inv) per §1.4
+//   (eps 1e-4, Q 448, TK_ROUND: powers of two), sf stored row-major (ceil(M/NPT), K) fp32,
+//   out = enc8(fl(y * inv)) at out[r, c] (M, K), or at out[c, r] (K, M) with TK_TRANSPOSE.
+//
+// Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_VECIO (1: 16-byte accesses; every
+// row start and the outputs 16-byte aligned), plus the op's own.
+//
+// Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
+// groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
+// maxima: registers over 4 rows, shuffles over a warp's 16 rows, shared memory across the
+// NPT/16 warps of a block. The transposed output is staged as codes in shared memory
+// (64 columns x 128 rows, rows padded by 4 bytes) and written as 32 contiguous bytes per thread.
+#pragma once
+#include "tk/fused_io.cuh"
+
+using tk::u8;
+using tk::u32;
+using tk::u64;
+using tk::i32;
+
+// Kernel arguments of the per-channel ops (mirrored by `PerChannelArgs` in
+// src/per_channel_cast_and_transpose.rs); each op reads the fields it needs.
+struct Params {
+    u64 x, ldx;        // input rows, row stride in elements
+    u64 xs, xs_ld;     // fused cast back: (N_in, K/128) fp32 input scales, row stride
+    u64 map, map_s;    // per_channel_cast_fused: pos_to_token (M,) int32, stride (0: none)
+    u64 n_in;          // rows of x (gathers only read src < n_in)
+    u64 out;           // e4m3 (M, K), or (K, M) transposed; contiguous
+    u64 sf;            // fp32 (ceil(M/NPT), K), contiguous
+    u64 m, k;          // output rows and columns
+    u64 h;             // SwiGLU: offset of the value half (= K)
+    u32 has_clamp;
+    float clamp;
+};
+
+namespace pc {
+
+constexpr int TR = 128, TC = 64, RPT = 4, LX = 8, LY = 4, WARPS = 8;
+constexpr int WPB = TK_NPT / (LY * RPT);  // warps per scale block
+constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
+constexpr bool VECIO = TK_VECIO != 0;
+static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
+
+template <class Src>
+__device__ __forceinline__ void tile_kernel(const Params& p) {
+    __shared__ float red[WARPS][TC];  // (warps, columns) partial column maxima
+#if TK_TRANSPOSE
+    __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
+#endif
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
+    const u32 rg = warp * LY + ly;  // row group: rows 4 rg .. 4 rg + 3 of the tile
+    const u64 tiles_r = (p.m + TR - 1) / TR, tiles_c = p.k / TC;
+    for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
+            float y[RPT][8];  // (rows, columns) values
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                if (r0 + i < p.m) Src::load(p, r0 + i, c0, y[i]);
+                else
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) y[i][j] = 0.0f;
+            }
+            float am[8];  // (columns,) max over this thread's rows, then over the block
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                am[j] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
+#pragma unroll
+                for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
+            }
+            if (ly == 0)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
+            __syncthreads();
+            const u32 w0 = (warp / WPB) * WPB;  // first warp of this thread's scale block
+            float inv[8], sf[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                float a = 0.0f;
+#pragma unroll
+                for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[w0 + w][lx * 8 + j]);
+                tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf[j], inv[j]);
+            }
+            const u64 rb = tr * TR + w0 * LY * RPT;  // first row of the scale block
+            if (warp == w0 && ly == 0 && rb < p.m) {
+                u32 w[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) w[j] = __float_as_uint(sf[j]);
+                tkq::store_bytes<32, VECIO>(reinterpret_cast<float*>(p.sf) + (rb / TK_NPT) * p.k + c0, w);  // (8,) of sf row
+            }
+            u32 q[RPT][2];  // (rows, 8 codes as 2 words)
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                q[i][0] = q[i][1] = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) q[i][j / 4] |= tkq::e4m3_code(__fmul_rn(y[i][j], inv[j])) << (8 * (j % 4));
+            }
+#if TK_TRANSPOSE
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                u32 col = 0;  // rows 4 rg .. +3 of column lx * 8 + j
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) col |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
+                *reinterpret_cast<u32*>(stage + (lx * 8 + j) * ROW_PITCH + rg * RPT) = col;
+            }
+            __syncthreads();
+            {
+                const u32 col = threadIdx.x / 4, part = threadIdx.x % 4;  // 32 bytes of one column
+                u32 w[8];
+#pragma unroll
+                for (int t = 0; t < 8; ++t) w[t] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 32 + 4 * t);
+                u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 32;  // (32,) of out row
+                tkq::store_bytes<32, VECIO>(dst, w);
+            }
+#else
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+                if (r0 + i < p.m) tkq::store_bytes<8, VECIO>(reinterpret_cast<u8*>(p.out) + (r0 + i) * p.k + c0, q[i]);  // (8,) of out row
+#endif
+            __syncthreads();  // red (and stage) are reused by the next tile
+        }
+    }
+}
+
+// Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
+template <int IN>
+struct PlainSrc {
+    static __device__ __forceinline__ void load(const Params& p, u64 r, u64 c0, float (&v)[8]) {
+        constexpr int B = IN == 0 ? 4 : 2;
+        tkq::load8<IN, VECIO>(reinterpret_cast<const u8*>(p.x) + (r * p.ldx + c0) * B, v);
+    }
+};
+
+}  // namespace pc

@@ -1,0 +1,87 @@
+// tk-quant: the scale arithmetic, the FP8 / FP4 encoders and the scale-layout stores shared by
+// every cast kernel (include as "tk/quant_scale.cuh"; spec/quant.md §1.1, §1.2, §1.4, §1.5).
+// Everything here is exactly what the CPU references compute (tk_core::convert).
+#pragma once
+#include "tk/common.cuh"
+#include <cuda_fp8.h>
+
+namespace tkq {
+
+using tk::u8;
+using tk::u32;
+using tk::u64;
+
+// (sf, inv) of §1.4 for amax with the clamp eps and the format maximum q, exactly
+// tk_core::convert::compute_scale_with_eps: c = max(amax, eps) (NaN amax -> eps);
+// non-rounded: sf = fl(c/q), inv = fl(q/c) (two correctly rounded divisions);
+// rounded: e = ceil(log2(fl(c/q))) from the bits, sf = 2^e, inv = 2^-e.
+template <bool ROUND>
+__device__ __forceinline__ void scale_pair(float amax, float eps, float q, float& sf, float& inv) {
+    const float c = fmaxf(amax, eps);
+    if constexpr (ROUND) {
+        const u32 u = __float_as_uint(__fdiv_rn(c, q));
+        const int e = (int)((u - 1) >> 23) + 1 - 127;
+        sf = __uint_as_float((u32)(127 + e) << 23);
+        inv = __uint_as_float((u32)(127 - e) << 23);
+    } else {
+        sf = __fdiv_rn(c, q);
+        inv = __fdiv_rn(q, c);
+    }
+}
+
+// FP8 e4m3 code of x: RNE, saturating to +-448, sign of zero kept, NaN -> 0x7F (§1.1).
+__device__ __forceinline__ u32 e4m3_code(float x) {
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
+// The fp32 value of an e4m3 code (exact).
+__device__ __forceinline__ float e4m3_value(u32 code) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(code & 0xFF), __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+// FP4 e2m1 code of x: round to nearest even among {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating to 6;
+// the sign of zero is kept; NaN -> 7 (+6). Hopper has no e2m1 conversion instruction, so the
+// rounding is done by a float add: with s = the e2m1 spacing at |x| (0.5 below 2, then 1,
+// then 2) and M = 1.5 * 2^23 * s, fl(|x| + M) - M is |x| rounded to a multiple of s, to
+// nearest even (IEEE addition). Bit-identical to __nv_cvt_float_to_fp4 (checked on the GPU).
+__device__ __forceinline__ u32 e2m1_code(float x) {
+    const float a = fminf(fabsf(x), 8.0f);                          // NaN -> 8 (saturates below)
+    const u32 e = max(__float_as_uint(a) >> 23, 127u);              // biased exponent, at least that of 1.0
+    const float m = __uint_as_float(((e + 22) << 23) | 0x400000u);  // 1.5 * 2^23 * spacing
+    const float r = fminf(__fsub_rn(__fadd_rn(a, m), m), 6.0f);     // rounded, saturated
+    // r in {0, .5, 1, 1.5, 2, 3, 4, 6}: (bits >> 22) - 252 is the code from 1 up (1 -> 2,
+    // 1.5 -> 3, 2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7), 0 for 0.5 and negative for 0; integer ops only.
+    const u32 rb = __float_as_uint(r);
+    const u32 mag = (u32)max((int)(rb >> 22) - 252, 0) + (rb == 0x3F000000u ? 1u : 0u);
+    const u32 sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 8;  // NaN -> +6
+    return mag | sign;
+}
+
+// Stores S[mb, kb] (mb < nbm, kb < nbk) of a scale grid in layout LAYOUT (0: A row-major fp32
+// (nbm, nbk); 1: B column-major fp32, storage (nbk, ra); 2: C packed UE8M0, storage
+// (ceil(nbk/4), ra) int32 as bytes), ra = align(nbm, 4), plus the padding attached to it (rows
+// nbm..ra below the last row; in layout C, bytes nbk..4*ceil(nbk/4) right of the last column),
+// so that every padding element is written zero exactly once when every S[mb, kb] is stored.
+template <int LAYOUT>
+__device__ __forceinline__ void store_scale(u64 base, u64 nbm, u64 nbk, u64 ra, u64 mb, u64 kb, float sf) {
+    if constexpr (LAYOUT == 0) {
+        reinterpret_cast<float*>(base)[mb * nbk + kb] = sf;  // (nbm, nbk)
+    } else if constexpr (LAYOUT == 1) {
+        float* s = reinterpret_cast<float*>(base);  // storage (nbk, ra)
+        s[kb * ra + mb] = sf;
+        if (mb + 1 == nbm)
+            for (u64 r = nbm; r < ra; ++r) s[kb * ra + r] = 0.0f;
+    } else {
+        u8* s = reinterpret_cast<u8*>(base);  // storage (ceil(nbk/4), ra) int32 as bytes
+        const u64 kend = 4 * ((nbk + 3) / 4);
+        s[4 * ((kb / 4) * ra + mb) + kb % 4] = (u8)(__float_as_uint(sf) >> 23);
+        if (mb + 1 == nbm)
+            for (u64 r = nbm; r < ra; ++r) s[4 * ((kb / 4) * ra + r) + kb % 4] = 0;
+        if (kb + 1 == nbk)
+            for (u64 k2 = nbk; k2 < kend; ++k2)
+                for (u64 r = mb; r < (mb + 1 == nbm ? ra : mb + 1); ++r) s[4 * ((k2 / 4) * ra + r) + k2 % 4] = 0;
+    }
+}
+
+}  // namespace tkq

@@ -1,0 +1,241 @@
+// SwiGLU forward fused with a per-token cast (spec/quant.md §3.10; the CPU reference is
+// reference::swiglu_forward_and_per_token_cast, which this kernel matches bit for bit given
+// CUDA's expf).
+//
+// For each row i < N, processed unless pos_to_expert[i] < 0, and column j < H:
+//   l = fp32(x[i, j]), v = fp32(x[i, H + j]), clamped (if has_clamp: l <= C, v in [-C, C])
+//   a = fl(fl(l / fl(1 + expf(-l))) * v), then a = fl(a * w_i) with weights
+//   (w_i = topk_weights.flat[pos_to_token_topk[i]], 0 for a negative or out-of-range entry)
+//   out: a (fp32), bf16(a), or the per-token cast of a in groups of NPC (128 or H) columns.
+// Padding rows are written as zeros with a zero scale and are not counted.
+// Clamp counts (count != 0): [#(l > C), #(v > C), #(v < -C)] over processed rows, added with
+// one 64-bit atomic per CTA and counter (order-independent integer sums).
+//
+// Compile-time constants (defines):
+//   TK_IN        0 fp32, 1 bf16 input
+//   TK_OUT       0 fp32, 1 bf16, 2 e4m3, 3 packed e2m1
+//   TK_SF_OUT    (quantized) 0 layout A, 1 layout B, 2 layout C
+//   TK_ROUND     (quantized) 1: power-of-two scales
+//   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
+//   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
+//                fragments per thread; undefined: the tiled path (groups of 128 columns)
+#include "tk/fused_io.cuh"
+
+using tk::u8;
+using tk::u32;
+using tk::u64;
+using tk::i32;
+
+// Kernel arguments (mirrored by `FwdArgs` in src/swiglu_forward_and_per_token_cast.rs).
+struct Params {
+    u64 x, ldx;              // (N, 2H) fp32 / bf16, row stride ldx elements
+    u64 ptt, ptt_s;          // pos_to_token_topk (N,) int32, stride (0 pointer: no weights)
+    u64 tw, tw_s0, tw_s1;    // topk_weights (T, k) fp32, strides
+    u64 tw_k, tw_len;        // k and T * k
+    u64 pte, pte_s;          // pos_to_expert (N,) int32, stride (0 pointer: every row processed)
+    u64 out;                 // (N, H) fp32 / bf16 / e4m3 or (N, H/2) e2m1, contiguous
+    u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
+    u64 count;               // int64 (3,) clamp counts (0: not counting)
+    u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
+    u32 has_clamp;
+    float clamp;             // C
+    float eps;               // amax clamp (sf_clamp_min or the format's)
+    u32 pad;
+};
+
+#if TK_OUT < 2
+#define TK_SF_OUT 0  // plain outputs have no scales: the scale code below is compiled, never run
+#define TK_ROUND 0
+#endif
+constexpr bool QUANT = TK_OUT >= 2;
+constexpr bool VECIO = TK_VECIO != 0;
+constexpr int IN_BYTES = TK_IN == 0 ? 4 : 2;
+#if TK_OUT == 3
+constexpr float QMAX = 6.0f;
+#else
+constexpr float QMAX = 448.0f;
+#endif
+
+// Per-row routing state: processed (not padding) and weight.
+struct RowInfo {
+    bool processed;
+    float w;
+};
+
+__device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
+    RowInfo ri{true, 1.0f};
+    if (p.pte) ri.processed = reinterpret_cast<const i32*>(p.pte)[r * p.pte_s] >= 0;
+    if (p.ptt) {
+        const i32 t = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
+        const bool ok = t >= 0 && (u64)t < p.tw_len;
+        const u64 q = ok ? (u64)t : 0;
+        ri.w = ok ? reinterpret_cast<const float*>(p.tw)[(q / p.tw_k) * p.tw_s0 + (q % p.tw_k) * p.tw_s1] : 0.0f;
+    }
+    return ri;
+}
+
+// Loads the gate and value fragments (8 columns from c0) of row r.
+__device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, float (&l)[8], float (&v)[8]) {
+    const u8* row = reinterpret_cast<const u8*>(p.x) + r * p.ldx * IN_BYTES;  // (2H,) elements
+    tkq::load8<TK_IN, VECIO>(row + c0 * IN_BYTES, l);
+    tkq::load8<TK_IN, VECIO>(row + (p.h + c0) * IN_BYTES, v);
+}
+
+// The activation a (8,) of a fragment from its gate l and value v; counts the clamps of a
+// processed row. Padding rows give +0.
+__device__ __forceinline__ void activate(const Params& p, const RowInfo& ri, const float (&l)[8], const float (&v)[8], float (&a)[8], u32 (&cnt)[3]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        float lj = l[j], vj = v[j];
+        tkq::ClampFlags f{false, false, false};
+        if (p.has_clamp) f = tkq::swiglu_clamp<true>(lj, vj, p.clamp);
+        float x = tkq::swiglu_act(lj, vj);
+        if (p.ptt) x = __fmul_rn(x, ri.w);
+        a[j] = ri.processed ? x : 0.0f;
+        if (ri.processed) {
+            cnt[0] += f.gate;
+            cnt[1] += f.hi;
+            cnt[2] += f.lo;
+        }
+    }
+}
+
+// Stores the fragment at row r, columns c0.. in the output format (quantized with inv).
+__device__ __forceinline__ void store_out(const Params& p, u64 r, u64 c0, const float (&a)[8], float inv) {
+    u8* out = reinterpret_cast<u8*>(p.out);
+    if constexpr (TK_OUT == 0) tkq::store8_plain<0, VECIO>(out + (r * p.h + c0) * 4, a);      // (N, H) fp32
+    else if constexpr (TK_OUT == 1) tkq::store8_plain<1, VECIO>(out + (r * p.h + c0) * 2, a); // (N, H) bf16
+    else if constexpr (TK_OUT == 2) tkq::store8_quant<0, VECIO>(out + r * p.h + c0, a, inv);  // (N, H) e4m3
+    else tkq::store8_quant<1, VECIO>(out + (r * p.h + c0) / 2, a, inv);                       // (N, H/2) e2m1
+}
+
+// (sf, inv) of a group with maximum amax; a padding row gets (0, 0) (its values are +0).
+__device__ __forceinline__ void group_scale(const Params& p, bool processed, float amax, float& sf, float& inv) {
+    tkq::scale_pair<TK_ROUND != 0>(amax, p.eps, QMAX, sf, inv);
+    if (!processed) sf = inv = 0.0f;
+}
+
+__device__ __forceinline__ void store_group_scale(const Params& p, u64 r, u64 kb, float sf) {
+    if constexpr (QUANT) tkq::store_scale<TK_SF_OUT>(p.sf, p.n, p.nbk, p.ra, r, kb, sf);
+}
+
+// Adds the CTA's clamp counts to p.count (one atomic per counter); every thread must call it.
+__device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
+    __shared__ u32 total[3];  // (3,) CTA sums
+    if (!p.count) return;
+    if (threadIdx.x < 3) total[threadIdx.x] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) cnt[k] += __shfl_xor_sync(0xFFFFFFFFu, cnt[k], o);
+        if (threadIdx.x % 32 == 0 && cnt[k]) atomicAdd(&total[k], cnt[k]);
+    }
+    __syncthreads();
+    if (threadIdx.x < 3 && total[threadIdx.x])
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.count) + threadIdx.x, (unsigned long long)total[threadIdx.x]);
+}
+
+#ifndef TK_THREADS
+// ---------------------------------------------------------------------------------------------
+// Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = 16 teams of 16
+// lanes; a team covers one 128-column group of RPT rows, each lane 8 columns of each row.
+// Tile: 64 rows x 128 columns; grid x over column tiles (H / 128), y over row tiles.
+// ---------------------------------------------------------------------------------------------
+constexpr int RPT = 4, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
+
+extern "C" __global__ void __launch_bounds__(256) tk_swiglu_forward_and_per_token_cast(const Params p) {
+    const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
+    const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
+    u32 cnt[3] = {0, 0, 0};
+    for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const u64 c0 = tc * TC + tl * 8;     // first column of this lane's fragments
+            const u64 r0 = tr * TR + team * RPT;  // first row of this team
+            float l[RPT][8], v[RPT][8];           // (RPT rows, 8 columns) gate and value
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                if (r0 + i < p.n) load_pair(p, r0 + i, c0, l[i], v[i]);
+                else
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) l[i][j] = v[i][j] = 0.0f;
+            }
+            float my_sf = 0.0f;  // lane i < RPT stores the scale of row r0 + i
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                const u64 r = r0 + i;
+                const RowInfo ri = r < p.n ? row_info(p, r) : RowInfo{false, 0.0f};
+                float a[8];  // (8,) activations
+                activate(p, ri, l[i], v[i], a, cnt);
+                float inv = 0.0f;
+                if constexpr (QUANT) {
+                    float am = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a[j]));
+#pragma unroll
+                    for (int o = 1; o < TEAM; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
+                    float sf;
+                    group_scale(p, ri.processed, am, sf, inv);
+                    if (tl == i) my_sf = sf;
+                }
+                if (r < p.n) store_out(p, r, c0, a, inv);
+            }
+            if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
+        }
+    }
+    flush_counts(p, cnt);
+}
+
+#else
+// ---------------------------------------------------------------------------------------------
+// Whole-row path (quantized, one scale per row): one CTA per row; thread t owns fragments
+// f = i * THREADS + t (i < NF, f < H / 8), held in registers between the amax and the cast.
+// ---------------------------------------------------------------------------------------------
+#if !(TK_OUT >= 2)
+#error "the whole-row path casts (TK_OUT 2 or 3)"
+#endif
+constexpr int NWARPS = TK_THREADS / 32;
+
+extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_swiglu_forward_and_per_token_cast(const Params p) {
+    __shared__ float red[NWARPS];  // (warps,) partial amax
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u64 frags = p.h / 8;
+    u32 cnt[3] = {0, 0, 0};
+    for (u64 r = blockIdx.x; r < p.n; r += gridDim.x) {
+        float a[TK_NF][8];  // (NF fragments, 8 columns) activations
+        float l[TK_NF][8], v[TK_NF][8];
+#pragma unroll
+        for (int i = 0; i < TK_NF; ++i) {
+            const u64 f = (u64)i * TK_THREADS + threadIdx.x;
+            if (f < frags) load_pair(p, r, f * 8, l[i], v[i]);
+        }
+        const RowInfo ri = row_info(p, r);
+        float am = 0.0f;
+#pragma unroll
+        for (int i = 0; i < TK_NF; ++i) {
+            const u64 f = (u64)i * TK_THREADS + threadIdx.x;
+            if (f >= frags) continue;
+            activate(p, ri, l[i], v[i], a[i], cnt);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a[i][j]));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
+        if (lane == 0) red[warp] = am;
+        __syncthreads();
+        am = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) am = fmaxf(am, red[w]);
+        __syncthreads();  // red is reused by the next row
+        float sf, inv;
+        group_scale(p, ri.processed, am, sf, inv);
+        if (threadIdx.x == 0) store_group_scale(p, r, 0, sf);
+#pragma unroll
+        for (int i = 0; i < TK_NF; ++i) {
+            const u64 f = (u64)i * TK_THREADS + threadIdx.x;
+            if (f < frags) store_out(p, r, f * 8, a[i], inv);
+        }
+    }
+    flush_counts(p, cnt);
+}
+#endif

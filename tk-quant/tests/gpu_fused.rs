@@ -1,0 +1,1439 @@
+//! The GPU fused ops against the CPU references: the SwiGLU ops (§3.10–§3.12), the per-channel
+//! cast and transpose (§3.7) and `per_channel_cast_fused` (§3.6). Outputs are poisoned before
+//! every launch; inputs are fresh random normals per case (§4.2); scales are compared over
+//! their full allocation (padding included).
+//!
+//! **Exactness** (the method of [`tk_quant::swiglu`]): CUDA's `expf` is not reproducible on a
+//! CPU, so the references run with the GPU's own `expf` values, obtained from
+//! [`tk_quant::swiglu::device_expf`] (the same non-fast-math `expf` the kernels use): a table
+//! over every bf16 value (plus any other argument the case needs) for the forward ops, and a
+//! replay of the backward's arguments in the reference's evaluation order (each argument is
+//! checked). With those, **every output is compared bit for bit** except the backward's
+//! `weight_grad` (an fp32 sum in an unspecified order: `atol = rtol = 1e-4`, the spec's
+//! tolerance). In addition the forward activation (the `F32` format) is checked within
+//! [`activation_within_tolerance`] of the reference with the correctly rounded CPU `expf`, and
+//! the quantized forward outputs are checked against the downstream reference fed with the
+//! GPU's activation.
+//!
+//! Grids: the spec's option grids (§3.10: 2160 cases, §3.11: 864, §3.12: 336, §3.7: 56, §3.6:
+//! 312) over its hidden sizes and its 12 MoE configurations, with **256 tokens per rank**
+//! instead of 4001 by default (the CPU references of 4001-token cases take minutes);
+//! `TK_FULL_TEST` adds the 12 configurations at the spec's 4001 tokens and the full MoE grid
+//! (with the zero-token case) at 256 tokens, and `M = 0` for the per-channel ops. Off-grid:
+//! token counts and hidden sizes outside the grid, fp32 input, bf16 / e2m1 outputs, every
+//! scale layout, `sf_clamp_min`, all-padding expert blocks, out-of-range weights, zero
+//! tokens, row-strided (unaligned) inputs, partial last blocks of gathered rows.
+#![cfg(all(feature = "cuda", feature = "cpu"))]
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use float8::F8E4M3;
+use half::bf16;
+use tk_core::convert::e4m3_to_f32;
+use tk_core::testing::{assert_bits_eq, full_test, generate_hidden_sizes, gpu_or_skip, Rng};
+use tk_core::{Device, DeviceTensor, HostTensor, Layout};
+use tk_moe::get_fused_mapping::{FusedRows, GetFusedMappingParams};
+use tk_moe::reference::{expand_to_fused, get_fused_mapping, FusedMapping};
+use tk_moe::testing::{generate_moe_params_with, generate_topk_idx, MoeParams};
+use tk_quant::reference::swiglu::{activation_within_tolerance, clamp_gate, cpu_expf};
+use tk_quant::reference::{self, SwigluOut};
+use tk_quant::swiglu::device_expf;
+use tk_quant::swiglu_forward_and_per_token_cast::validate_dims;
+use tk_quant::{
+    CastFormat, CastInput, DeviceFusedInput, DevicePlainInput, DeviceQuantData, DeviceScales,
+    DeviceSwigluBackwardInputs, DeviceSwigluBackwardOutputsMut, DeviceSwigluForwardInputs,
+    DeviceSwigluOutMut, DeviceTopkWeights, FusedInput, HostScales,
+    PerChannelCastAndTransposeParams, PerChannelCastFusedParams, PerTokenCastParams, PlainInput,
+    QuantData, ScaleLayout, ScaleOptions, SwigluBackwardInputs, SwigluBackwardParams,
+    SwigluForwardInputs, SwigluForwardParams, SwigluOutFormat, SwigluPerChannelParams, TopkWeights,
+};
+
+const POISON: u8 = 0xA7;
+
+/// Tokens per rank of the default MoE sources (the spec's 4001 under TK_FULL_TEST).
+const SMALL_TOKENS: usize = 256;
+
+/// Runs `f` on every case, spread over at most `max_workers` host threads (the CPU references
+/// dominate; the big cases hold gigabytes each).
+fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) {
+    let workers = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(max_workers);
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = cases.get(i) else { break };
+                f(c);
+            });
+        }
+    });
+}
+
+/// Workers for the MoE grids: 16, or 4 under TK_FULL_TEST (its 4001-token cases hold several
+/// gigabytes each).
+fn moe_workers() -> usize {
+    if full_test() {
+        4
+    } else {
+        16
+    }
+}
+
+/// The MoE sources: the spec's 12 configurations at [`SMALL_TOKENS`] tokens per rank; under
+/// TK_FULL_TEST also the full MoE grid (with its zero-token case) at [`SMALL_TOKENS`] and the
+/// 12 at the spec's 4001.
+fn moe_sources() -> Vec<MoeParams> {
+    let small = |p: MoeParams| MoeParams {
+        num_send_tokens: p.num_send_tokens.min(SMALL_TOKENS),
+        ..p
+    };
+    if !full_test() {
+        return generate_moe_params_with(false, false)
+            .into_iter()
+            .map(small)
+            .collect();
+    }
+    let mut v: Vec<MoeParams> = generate_moe_params_with(false, true)
+        .into_iter()
+        .map(small)
+        .collect();
+    v.extend(generate_moe_params_with(false, false));
+    v
+}
+
+/// Routing of one MoE source: `topk_idx` `(T, k)` and its fused mapping with `alignment`.
+struct Routing {
+    t: usize,
+    k: usize,
+    map: FusedMapping,
+}
+
+impl Routing {
+    fn new(moe: &MoeParams, alignment: usize, rng: &mut Rng) -> Self {
+        let idx = generate_topk_idx(rng, moe).unwrap();
+        let params = GetFusedMappingParams {
+            num_experts: moe.num_experts,
+            alignment,
+            rows: FusedRows::HostSync,
+        };
+        let map = get_fused_mapping(&idx.view(), &params).unwrap();
+        Self {
+            t: idx.shape()[0],
+            k: moe.num_topk,
+            map,
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.map.num_rows()
+    }
+
+    /// `x` `(T, w)` expanded to the fused rows `(N, w)` (padding rows zero).
+    fn expand<T: tk_core::Element>(&self, x: &HostTensor<T>) -> HostTensor<T> {
+        expand_to_fused(
+            &x.view(),
+            &self.map.token_topk_to_pos.view(),
+            &self.map.pos_to_expert.view(),
+        )
+        .unwrap()
+    }
+}
+
+/// CUDA's `expf` for every bf16 value (the table is indexed by the top 16 bits) and for any
+/// other argument given.
+struct ExpfTable {
+    bf16: Vec<f32>,
+    extra: HashMap<u32, f32>,
+}
+
+impl ExpfTable {
+    fn new(dev: &Device, extra_args: &[f32]) -> Self {
+        let mut args: Vec<f32> = (0..=0xFFFFu32).map(|b| f32::from_bits(b << 16)).collect();
+        let mut extra: Vec<u32> = extra_args
+            .iter()
+            .map(|v| v.to_bits())
+            .filter(|b| b & 0xFFFF != 0)
+            .collect();
+        extra.sort_unstable();
+        extra.dedup();
+        args.extend(extra.iter().map(|&b| f32::from_bits(b)));
+        let vals = gpu_expf(dev, &args);
+        Self {
+            bf16: vals[..0x10000].to_vec(),
+            extra: extra
+                .into_iter()
+                .zip(vals[0x10000..].iter().copied())
+                .collect(),
+        }
+    }
+
+    fn get(&self, x: f32) -> f32 {
+        let b = x.to_bits();
+        if b & 0xFFFF == 0 {
+            return self.bf16[(b >> 16) as usize];
+        }
+        *self
+            .extra
+            .get(&b)
+            .unwrap_or_else(|| panic!("expf({x:e}) is not in the GPU table"))
+    }
+}
+
+/// CUDA's `expf` of every element of `args`.
+fn gpu_expf(dev: &Device, args: &[f32]) -> Vec<f32> {
+    let d = dev
+        .upload(&HostTensor::from_vec(args.to_vec(), &[args.len()]).unwrap())
+        .unwrap();
+    device_expf(&d.view())
+        .unwrap()
+        .to_host()
+        .unwrap()
+        .into_vec()
+}
+
+/// The GPU's `expf` replayed in the order a reference asks for it: every argument is checked
+/// against the recorded one, so a different evaluation order fails loudly.
+struct Replay {
+    args: Vec<f32>,
+    vals: Vec<f32>,
+    next: Cell<usize>,
+}
+
+impl Replay {
+    fn new(dev: &Device, args: Vec<f32>) -> Self {
+        let vals = gpu_expf(dev, &args);
+        Self {
+            args,
+            vals,
+            next: Cell::new(0),
+        }
+    }
+
+    fn expf(&self, x: f32) -> f32 {
+        let i = self.next.get();
+        assert!(
+            i < self.args.len() && self.args[i].to_bits() == x.to_bits(),
+            "the reference asked expf({x:e}) as call {i}, the test replays {:?}",
+            self.args.get(i)
+        );
+        self.next.set(i + 1);
+        self.vals[i]
+    }
+
+    fn reset(&self) {
+        self.next.set(0);
+    }
+}
+
+/// Bit-exact comparison of GPU data and scales (full allocation) with the reference's.
+fn check_quant(case: &str, d: &DeviceQuantData, s: &DeviceScales, rd: &QuantData, rs: &HostScales) {
+    let got = d.to_host().unwrap();
+    assert_eq!(got.shape(), rd.shape(), "{case}: data shape");
+    assert_bits_eq(&format!("{case}: data"), &got.bytes(), &rd.bytes());
+    assert_eq!(
+        (s.layout(), s.grid()),
+        (rs.layout(), rs.grid()),
+        "{case}: scale layout"
+    );
+    assert_bits_eq(
+        &format!("{case}: scales"),
+        &s.storage_bytes().unwrap(),
+        &rs.storage_bytes(),
+    );
+}
+
+/// Poisoned data `(m, k)` (logical) and scales.
+fn poisoned(
+    dev: &Device,
+    fmt: CastFormat,
+    (m, k): (usize, usize),
+    layout: ScaleLayout,
+    grid: tk_quant::ScaleGrid,
+) -> (DeviceQuantData, DeviceScales) {
+    let mut d = DeviceQuantData::alloc(dev, fmt, m, k).unwrap();
+    d.fill_bytes(POISON).unwrap();
+    let mut s = DeviceScales::alloc(dev, layout, grid).unwrap();
+    s.fill_bytes(POISON).unwrap();
+    (d, s)
+}
+
+fn poisoned_tensor<T: tk_core::Element>(dev: &Device, shape: &[usize]) -> DeviceTensor<T> {
+    let mut t = dev.alloc::<T>(shape).unwrap();
+    t.fill_bytes(POISON).unwrap();
+    t
+}
+
+// ---------------------------------------------------------------------------------------------
+// swiglu_forward_and_per_token_cast
+// ---------------------------------------------------------------------------------------------
+
+/// Host and device copies of a forward input: `x` (plain, any layout), optional weights and
+/// `pos_to_expert`.
+struct FwdData {
+    x: Plain,
+    layout: Layout,
+    ptt: HostTensor<i32>,
+    weights: HostTensor<f32>,
+    pte: HostTensor<i32>,
+    dx: DevPlain,
+    dptt: DeviceTensor<i32>,
+    dweights: DeviceTensor<f32>,
+    dpte: DeviceTensor<i32>,
+}
+
+enum Plain {
+    F32(HostTensor<f32>),
+    BF16(HostTensor<bf16>),
+}
+
+enum DevPlain {
+    F32(DeviceTensor<f32>),
+    BF16(DeviceTensor<bf16>),
+}
+
+impl FwdData {
+    fn new(
+        dev: &Device,
+        x: Plain,
+        layout: Layout,
+        ptt: HostTensor<i32>,
+        weights: HostTensor<f32>,
+        pte: HostTensor<i32>,
+    ) -> Self {
+        let dx = match &x {
+            Plain::F32(t) => DevPlain::F32(dev.upload(t).unwrap()),
+            Plain::BF16(t) => DevPlain::BF16(dev.upload(t).unwrap()),
+        };
+        Self {
+            dptt: dev.upload(&ptt).unwrap(),
+            dweights: dev.upload(&weights).unwrap(),
+            dpte: dev.upload(&pte).unwrap(),
+            x,
+            layout,
+            ptt,
+            weights,
+            pte,
+            dx,
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.layout.shape()[0]
+    }
+
+    fn h(&self) -> usize {
+        self.layout.shape()[1] / 2
+    }
+
+    fn host(&self, weights: bool, pte: bool) -> SwigluForwardInputs<'_> {
+        let x = match &self.x {
+            Plain::F32(t) => PlainInput::F32(t.view().with_layout(self.layout.clone()).unwrap()),
+            Plain::BF16(t) => PlainInput::BF16(t.view().with_layout(self.layout.clone()).unwrap()),
+        };
+        SwigluForwardInputs {
+            x,
+            topk: weights.then(|| TopkWeights {
+                pos_to_token_topk: self.ptt.view(),
+                topk_weights: self.weights.view(),
+            }),
+            pos_to_expert: pte.then(|| self.pte.view()),
+        }
+    }
+
+    fn device(&self, weights: bool, pte: bool) -> DeviceSwigluForwardInputs<'_> {
+        let x = match &self.dx {
+            DevPlain::F32(t) => {
+                DevicePlainInput::F32(t.view().with_layout(self.layout.clone()).unwrap())
+            }
+            DevPlain::BF16(t) => {
+                DevicePlainInput::BF16(t.view().with_layout(self.layout.clone()).unwrap())
+            }
+        };
+        DeviceSwigluForwardInputs {
+            x,
+            topk: weights.then(|| DeviceTopkWeights {
+                pos_to_token_topk: self.dptt.view(),
+                topk_weights: self.dweights.view(),
+            }),
+            pos_to_expert: pte.then(|| self.dpte.view()),
+        }
+    }
+
+    /// Every `expf` argument of the activation with clamp `c` (processed or not).
+    fn expf_args(&self, c: Option<f32>) -> Vec<f32> {
+        let (n, h) = (self.n(), self.h());
+        let mut v = Vec::with_capacity(n * h);
+        for i in 0..n {
+            for j in 0..h {
+                let l = match &self.x {
+                    Plain::F32(t) => t
+                        .view()
+                        .with_layout(self.layout.clone())
+                        .unwrap()
+                        .at(&[i, j]),
+                    Plain::BF16(t) => t
+                        .view()
+                        .with_layout(self.layout.clone())
+                        .unwrap()
+                        .at(&[i, j])
+                        .to_f32(),
+                };
+                v.push(-clamp_gate(l, c).0);
+            }
+        }
+        v
+    }
+}
+
+/// Runs the GPU forward in `params` (outputs poisoned; counts from zero) and returns the
+/// activation (`F32`) or the quantized data and scales, plus the counts.
+enum FwdGot {
+    F32(HostTensor<f32>),
+    BF16(HostTensor<bf16>),
+    Quant(Box<(DeviceQuantData, DeviceScales)>),
+}
+
+fn run_forward(
+    dev: &Device,
+    inputs: &DeviceSwigluForwardInputs<'_>,
+    params: &SwigluForwardParams,
+    n: usize,
+    h: usize,
+) -> (FwdGot, Option<[i64; 3]>) {
+    let mut counts = params
+        .count_clamped
+        .then(|| dev.zeros::<i64>(&[3]).unwrap());
+    let mut cv = counts.as_mut().map(|c| c.view_mut());
+    let got = match params.out_format {
+        SwigluOutFormat::F32 => {
+            let mut t = poisoned_tensor::<f32>(dev, &[n, h]);
+            let mut o = DeviceSwigluOutMut::F32(t.view_mut());
+            tk_quant::swiglu_forward_and_per_token_cast_into(inputs, params, &mut o, cv.as_mut())
+                .unwrap();
+            FwdGot::F32(t.to_host().unwrap())
+        }
+        SwigluOutFormat::BF16 => {
+            let mut t = poisoned_tensor::<bf16>(dev, &[n, h]);
+            let mut o = DeviceSwigluOutMut::BF16(t.view_mut());
+            tk_quant::swiglu_forward_and_per_token_cast_into(inputs, params, &mut o, cv.as_mut())
+                .unwrap();
+            FwdGot::BF16(t.to_host().unwrap())
+        }
+        f => {
+            let cast = validate_dims(n, 2 * h, params).unwrap().cast.unwrap();
+            let (mut d, mut s) = poisoned(
+                dev,
+                f.cast_format().unwrap(),
+                (n, h),
+                cast.sf_layout,
+                cast.grid,
+            );
+            let mut o = DeviceSwigluOutMut::Quantized(d.view_mut(), &mut s);
+            tk_quant::swiglu_forward_and_per_token_cast_into(inputs, params, &mut o, cv.as_mut())
+                .unwrap();
+            drop(o);
+            FwdGot::Quant(Box::new((d, s)))
+        }
+    };
+    drop(cv);
+    let counts = counts.map(|c| {
+        let v = c.to_host().unwrap().into_vec();
+        [v[0], v[1], v[2]]
+    });
+    (got, counts)
+}
+
+/// The routing and clamp options of one forward check.
+#[derive(Debug, Clone, Copy)]
+struct FwdConfig {
+    weights: bool,
+    pte: bool,
+    clamp: Option<f32>,
+    /// Also check the activation against the CPU `expf` reference within the tolerance.
+    tolerance: bool,
+}
+
+/// Checks one forward configuration: the GPU activation bit for bit against the reference
+/// with the GPU's `expf` (and, with `tolerance`, within the tolerance of the CPU `expf`
+/// reference), then every format in `formats` bit for bit against the downstream reference
+/// fed with the GPU's activation, and the clamp counts.
+fn check_forward(
+    dev: &Device,
+    name: &str,
+    data: &FwdData,
+    cfg: FwdConfig,
+    table: &ExpfTable,
+    casts: &[SwigluForwardParams],
+) {
+    let FwdConfig {
+        weights,
+        pte,
+        clamp,
+        tolerance,
+    } = cfg;
+    let (n, h) = (data.n(), data.h());
+    let hin = data.host(weights, pte);
+    let din = data.device(weights, pte);
+    let mut act_params = SwigluForwardParams::plain(SwigluOutFormat::F32);
+    act_params.swiglu_clamp_value = clamp;
+    act_params.count_clamped = clamp.is_some();
+    let (ref_act, ref_counts) =
+        reference::swiglu_forward_activation(&hin, &act_params, &|x| table.get(x)).unwrap();
+    let (got, counts) = run_forward(dev, &din, &act_params, n, h);
+    let FwdGot::F32(act) = got else {
+        unreachable!()
+    };
+    assert_bits_eq(
+        &format!("{name}: activation"),
+        act.as_slice(),
+        ref_act.as_slice(),
+    );
+    assert_eq!(counts, ref_counts, "{name}: clamp counts");
+    if tolerance {
+        let (cpu_act, _) =
+            reference::swiglu_forward_activation(&hin, &act_params, &cpu_expf).unwrap();
+        let bad = act
+            .as_slice()
+            .iter()
+            .zip(cpu_act.as_slice())
+            .position(|(&g, &c)| !activation_within_tolerance(g, c));
+        assert!(
+            bad.is_none(),
+            "{name}: activation outside the expf tolerance at {bad:?}"
+        );
+    }
+    for p in casts {
+        let mut p = *p;
+        p.swiglu_clamp_value = clamp;
+        let case = format!(
+            "{name} {:?} npc={} {:?} count={}",
+            p.out_format,
+            p.num_per_channels,
+            p.opts.layout().unwrap(),
+            p.count_clamped
+        );
+        let (got, counts) = run_forward(dev, &din, &p, n, h);
+        let expected = reference::swiglu_forward_downstream(
+            &act.view(),
+            pte.then(|| data.pte.view()).as_ref(),
+            &p,
+        )
+        .unwrap();
+        match (got, expected) {
+            (FwdGot::BF16(g), SwigluOut::BF16(r)) => {
+                assert_bits_eq(&format!("{case}: bf16"), g.as_slice(), r.as_slice())
+            }
+            (FwdGot::Quant(q), SwigluOut::Quantized(rd, rs)) => {
+                check_quant(&case, &q.0, &q.1, &rd, &rs)
+            }
+            _ => panic!("{case}: unexpected output kind"),
+        }
+        if p.count_clamped {
+            assert_eq!(counts, ref_counts, "{case}: clamp counts");
+        }
+    }
+}
+
+/// A MoE forward source: `x = expand_to_fused(randn (T, 2H) bf16)`, weights `randn (T, k)`,
+/// the mapping with alignment 16.
+fn moe_forward_data(dev: &Device, moe: &MoeParams, h: usize, name: &str) -> FwdData {
+    let mut rng = Rng::for_case(name);
+    let r = Routing::new(moe, 16, &mut rng);
+    let weights = rng.randn(&[r.t, r.k], |v| v);
+    let x = r.expand(&rng.randn(&[r.t, 2 * h], bf16::from_f32));
+    let layout = Layout::contiguous(&[r.n(), 2 * h]);
+    FwdData::new(
+        dev,
+        Plain::BF16(x),
+        layout,
+        r.map.pos_to_token_topk.clone(),
+        weights,
+        r.map.pos_to_expert.clone(),
+    )
+}
+
+#[test]
+fn gpu_swiglu_forward_grid() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_forward_grid") else {
+        return;
+    };
+    let table = ExpfTable::new(&dev, &[]);
+    let hs: Vec<usize> = [1024, 1280, 1536, 2048, 3072, 3584].into();
+    let sources: Vec<(MoeParams, usize)> = moe_sources()
+        .into_iter()
+        .flat_map(|m| hs.iter().map(move |&h| (m, h)))
+        .collect();
+    let done = AtomicUsize::new(0);
+    par_cases(&sources, moe_workers(), |(moe, h)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!("swiglu_fwd {} H={h}", moe.name());
+        let data = moe_forward_data(&dev, moe, *h, &name);
+        for clamp in [None, Some(10.0), Some(0.5)] {
+            for pte in [true, false] {
+                for weights in [true, false] {
+                    let mut casts = Vec::new();
+                    for npc in [128, *h] {
+                        for opts in [ScaleOptions::row_major(true), ScaleOptions::packed_ue8m0()] {
+                            if (opts.use_packed_ue8m0 && weights)
+                                || (opts.use_tma_aligned_col_major_sf && npc == *h)
+                            {
+                                continue;
+                            }
+                            let mut p = SwigluForwardParams::cast(CastFormat::E4M3, npc, opts);
+                            p.count_clamped = clamp.is_some() && npc != *h;
+                            casts.push(p);
+                        }
+                    }
+                    done.fetch_add(casts.len(), Ordering::Relaxed);
+                    let name = format!("{name} clamp={clamp:?} pte={pte} weights={weights}");
+                    let cfg = FwdConfig {
+                        weights,
+                        pte,
+                        clamp,
+                        tolerance: !weights && !pte,
+                    };
+                    check_forward(&dev, &name, &data, cfg, &table, &casts);
+                }
+            }
+        }
+    });
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        30 * sources.len(),
+        "spec §3.10: 2160 cases per 12 MoE sources"
+    );
+}
+
+#[test]
+fn gpu_swiglu_forward_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_forward_off_grid") else {
+        return;
+    };
+    let all_layouts = [
+        ScaleOptions::row_major(false),
+        ScaleOptions::col_major(false),
+        ScaleOptions::row_major(true),
+        ScaleOptions::col_major(true),
+        ScaleOptions::packed_ue8m0(),
+    ];
+    // (N, H, fp32 input, row stride - 2H): odd row counts, hidden sizes off the grid, a whole
+    // row of 8192 (one CTA of 1024 threads), unaligned (bytewise) rows.
+    let shapes = [
+        (0, 128, false, 0),
+        (1, 128, false, 0),
+        (17, 384, true, 0),
+        (100, 640, false, 3),
+        (33, 8192, false, 0),
+        (64, 256, true, 5),
+        (130, 1152, false, 8),
+    ];
+    let cases: Vec<_> = shapes
+        .iter()
+        .flat_map(|&s| [None, Some(0.75)].map(move |c| (s, c)))
+        .collect();
+    par_cases(&cases, 8, |&((n, h, fp32, pad), clamp)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!("swiglu_fwd off-grid N={n} H={h} fp32={fp32} pad={pad} clamp={clamp:?}");
+        let mut rng = Rng::for_case(&name);
+        let ld = 2 * h + pad;
+        let rows = n.max(1);
+        let x = if fp32 {
+            Plain::F32(rng.randn(&[rows, ld], |v| 3.0 * v))
+        } else {
+            Plain::BF16(rng.randn(&[rows, ld], |v| bf16::from_f32(3.0 * v)))
+        };
+        let layout = Layout::new(vec![n, 2 * h], vec![ld, 1], 0).unwrap();
+        let (t, k) = (5, 3);
+        let weights = rng.randn(&[t, k], |v| v);
+        // Weights: some negative and out-of-range-free slots; pos_to_expert: an all-padding
+        // block of 16 rows, scattered padding rows.
+        let ptt: Vec<i32> = (0..n)
+            .map(|i| {
+                if i % 7 == 3 {
+                    -1
+                } else {
+                    ((i * 5) % (t * k)) as i32
+                }
+            })
+            .collect();
+        let pte: Vec<i32> = (0..n)
+            .map(|i| {
+                if (16..32).contains(&i) || i % 5 == 4 {
+                    -1
+                } else {
+                    (i % 4) as i32
+                }
+            })
+            .collect();
+        let data = FwdData::new(
+            &dev,
+            x,
+            layout,
+            HostTensor::from_vec(ptt, &[n]).unwrap(),
+            weights,
+            HostTensor::from_vec(pte, &[n]).unwrap(),
+        );
+        let table = ExpfTable::new(&dev, &data.expf_args(clamp));
+        for (weights, pte) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut casts = vec![SwigluForwardParams::plain(SwigluOutFormat::BF16)];
+            for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                for opts in all_layouts {
+                    for npc in [128, h] {
+                        if npc == h && opts.use_tma_aligned_col_major_sf {
+                            continue;
+                        }
+                        let mut p = SwigluForwardParams::cast(fmt, npc, opts);
+                        p.count_clamped = clamp.is_some();
+                        casts.push(p);
+                    }
+                }
+                let mut p = SwigluForwardParams::cast(fmt, 128, ScaleOptions::row_major(false));
+                p.sf_clamp_min = Some(0.5);
+                casts.push(p);
+            }
+            let name = format!("{name} weights={weights} pte={pte}");
+            let cfg = FwdConfig {
+                weights,
+                pte,
+                clamp,
+                tolerance: true,
+            };
+            check_forward(&dev, &name, &data, cfg, &table, &casts);
+        }
+    });
+}
+
+#[test]
+fn gpu_swiglu_forward_allocating_form_and_counter_accumulates() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_forward_allocating_form_and_counter_accumulates")
+    else {
+        return;
+    };
+    let name = "swiglu_fwd allocating";
+    let data = moe_forward_data(
+        &dev,
+        &MoeParams {
+            num_send_tokens: 64,
+            num_topk: 6,
+            num_experts: 32,
+            num_ep_ranks: 8,
+        },
+        256,
+        name,
+    );
+    let (n, h) = (data.n(), data.h());
+    let mut p = SwigluForwardParams::cast(CastFormat::E4M3, 128, ScaleOptions::packed_ue8m0())
+        .with_clamp(0.5);
+    p.count_clamped = true;
+    let din = data.device(false, true);
+    let out = tk_quant::swiglu_forward_and_per_token_cast(&din, &p).unwrap();
+    let (gq, gc) = run_forward(&dev, &din, &p, n, h);
+    let (tk_quant::DeviceSwigluOut::Quantized(d, s), FwdGot::Quant(q2)) = (out.out, gq) else {
+        panic!("quantized output")
+    };
+    let (d2, s2) = *q2;
+    assert_bits_eq(
+        "allocating data",
+        &d.to_host().unwrap().bytes(),
+        &d2.to_host().unwrap().bytes(),
+    );
+    assert_bits_eq(
+        "allocating scales",
+        &s.storage_bytes().unwrap(),
+        &s2.storage_bytes().unwrap(),
+    );
+    let c1 = out.clamped_count.unwrap();
+    assert_eq!(
+        c1.to_host().unwrap().into_vec(),
+        gc.unwrap().to_vec(),
+        "counts"
+    );
+    // `_into` adds to the counter.
+    let mut c = c1;
+    let mut t = dev.alloc::<F8E4M3>(&[n, h]).unwrap();
+    let mut o = DeviceSwigluOutMut::Quantized(
+        tk_quant::DeviceQuantDataViewMut::E4M3(t.view_mut()),
+        &mut DeviceScales::alloc(&dev, ScaleLayout::PackedUe8m0, s.grid()).unwrap(),
+    );
+    tk_quant::swiglu_forward_and_per_token_cast_into(&din, &p, &mut o, Some(&mut c.view_mut()))
+        .unwrap();
+    let twice: Vec<i64> = gc.unwrap().iter().map(|v| 2 * v).collect();
+    assert_eq!(
+        c.to_host().unwrap().into_vec(),
+        twice,
+        "counter accumulates"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// swiglu_backward_and_per_token_cast
+// ---------------------------------------------------------------------------------------------
+
+/// Host and device copies of a backward input.
+struct BwdData {
+    npc: usize,
+    q: HostTensor<F8E4M3>,
+    q_layout: Layout,
+    sf: HostTensor<f32>,
+    grad: HostTensor<bf16>,
+    weight: HostTensor<f32>,
+    ptt: HostTensor<i32>,
+    ttp: HostTensor<i32>,
+    dq: DeviceTensor<F8E4M3>,
+    dsf: DeviceTensor<f32>,
+    dgrad: DeviceTensor<bf16>,
+    dweight: DeviceTensor<f32>,
+    dptt: DeviceTensor<i32>,
+    dttp: DeviceTensor<i32>,
+}
+
+impl BwdData {
+    /// `x_expand` `(N, 2H)` is cast per token (non-rounded fp32 scales, as the spec's test);
+    /// the quantized data is laid out with row stride `2H + pad`.
+    fn new(
+        dev: &Device,
+        npc: usize,
+        x_expand: &HostTensor<bf16>,
+        pad: usize,
+        grad: HostTensor<bf16>,
+        (weight, ptt, ttp): (HostTensor<f32>, HostTensor<i32>, HostTensor<i32>),
+    ) -> Self {
+        let (n, two_h) = (x_expand.shape()[0], x_expand.shape()[1]);
+        let params = PerTokenCastParams::new(CastFormat::E4M3, npc, ScaleOptions::row_major(false));
+        let (q0, s0) =
+            reference::per_token_cast(&CastInput::from(x_expand.view()), &params).unwrap();
+        let q0 = q0.as_e4m3().unwrap().as_slice().to_vec();
+        let ld = two_h + pad;
+        let mut qbuf = vec![F8E4M3::from_bits(0x55); n.max(1) * ld];
+        for i in 0..n {
+            qbuf[i * ld..i * ld + two_h].copy_from_slice(&q0[i * two_h..(i + 1) * two_h]);
+        }
+        let q = HostTensor::from_vec(qbuf, &[n.max(1), ld]).unwrap();
+        let q_layout = Layout::new(vec![n, two_h], vec![ld, 1], 0).unwrap();
+        let sf =
+            HostTensor::from_vec(s0.f32_storage().unwrap().to_vec(), &[n, two_h / npc]).unwrap();
+        Self {
+            npc,
+            dq: dev.upload(&q).unwrap(),
+            dsf: dev.upload(&sf).unwrap(),
+            dgrad: dev.upload(&grad).unwrap(),
+            dweight: dev.upload(&weight).unwrap(),
+            dptt: dev.upload(&ptt).unwrap(),
+            dttp: dev.upload(&ttp).unwrap(),
+            q,
+            q_layout,
+            sf,
+            grad,
+            weight,
+            ptt,
+            ttp,
+        }
+    }
+
+    fn host(&self) -> SwigluBackwardInputs<'_> {
+        SwigluBackwardInputs {
+            x: tk_quant::QuantDataView::E4M3(
+                self.q.view().with_layout(self.q_layout.clone()).unwrap(),
+            ),
+            x_sf: self.sf.view(),
+            grad_out: self.grad.view(),
+            weight: self.weight.view(),
+            pos_to_token_topk: self.ptt.view(),
+            token_topk_to_pos: self.ttp.view(),
+        }
+    }
+
+    fn device(&self) -> DeviceSwigluBackwardInputs<'_> {
+        DeviceSwigluBackwardInputs {
+            x: self.dq.view().with_layout(self.q_layout.clone()).unwrap(),
+            x_sf: self.dsf.view(),
+            grad_out: self.dgrad.view(),
+            weight: self.dweight.view(),
+            pos_to_token_topk: self.dptt.view(),
+            token_topk_to_pos: self.dttp.view(),
+        }
+    }
+
+    /// The reference's `expf` arguments in its order: `−X` (clamped) for each row, column.
+    fn expf_args(&self, c: Option<f32>) -> Vec<f32> {
+        let (n, two_h) = (self.q_layout.shape()[0], self.q_layout.shape()[1]);
+        let (h, ld, nbk) = (two_h / 2, self.q_layout.strides()[0], two_h / self.npc);
+        let (q, sf) = (self.q.as_slice(), self.sf.as_slice());
+        let mut v = Vec::with_capacity(n * h);
+        for i in 0..n {
+            for j in 0..h {
+                let x = e4m3_to_f32(q[i * ld + j].to_bits()) * sf[i * nbk + j / self.npc];
+                v.push(-clamp_gate(x, c).0);
+            }
+        }
+        v
+    }
+}
+
+/// Runs the GPU backward (outputs poisoned) and compares with the reference given the GPU's
+/// `expf` (replayed).
+fn check_backward(
+    dev: &Device,
+    name: &str,
+    data: &BwdData,
+    params: &SwigluBackwardParams,
+    replay: &Replay,
+) {
+    let (n, two_h) = (data.q_layout.shape()[0], data.q_layout.shape()[1]);
+    let (t, k) = (data.weight.shape()[0], data.weight.shape()[1]);
+    let mut out = poisoned_tensor::<bf16>(dev, &[n, two_h / 2]);
+    let mut q = poisoned_tensor::<F8E4M3>(dev, &[n, two_h]);
+    let grid = tk_quant::ScaleGrid::for_matrix(n, two_h, (1, params.num_per_channels)).unwrap();
+    let mut sf = DeviceScales::alloc(dev, ScaleLayout::RowMajorF32, grid).unwrap();
+    sf.fill_bytes(POISON).unwrap();
+    let mut xg = poisoned_tensor::<bf16>(dev, &[n, two_h]);
+    let mut wg = poisoned_tensor::<f32>(dev, &[t, k]);
+    let mut outs = DeviceSwigluBackwardOutputsMut {
+        out: out.view_mut(),
+        x_grad_fp8: q.view_mut(),
+        x_grad_fp8_sf: &mut sf,
+        x_grad: xg.view_mut(),
+        weight_grad: wg.view_mut(),
+    };
+    tk_quant::swiglu_backward_and_per_token_cast_into(&data.device(), params, &mut outs).unwrap();
+    drop(outs);
+    replay.reset();
+    let r = reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), params, &|x| {
+        replay.expf(x)
+    })
+    .unwrap();
+    assert_bits_eq(
+        &format!("{name}: out"),
+        out.to_host().unwrap().as_slice(),
+        r.out.as_slice(),
+    );
+    assert_bits_eq(
+        &format!("{name}: x_grad"),
+        xg.to_host().unwrap().as_slice(),
+        r.x_grad.as_slice(),
+    );
+    check_quant(
+        name,
+        &DeviceQuantData::E4M3(q),
+        &sf,
+        &r.x_grad_fp8,
+        &r.x_grad_fp8_sf,
+    );
+    let got = wg.to_host().unwrap();
+    for (i, (&g, &e)) in got
+        .as_slice()
+        .iter()
+        .zip(r.weight_grad.as_slice())
+        .enumerate()
+    {
+        assert!(
+            (g - e).abs() <= 1e-4 + 1e-4 * e.abs(),
+            "{name}: weight_grad[{i}] = {g:e}, reference {e:e} (atol = rtol = 1e-4)"
+        );
+    }
+}
+
+/// A MoE backward source (§3.11's test): mapping with alignment `npc`, weights `rand (T, k)`,
+/// `x = per_token_cast(expand_to_fused(randn (T, 2H) bf16))`, `grad = randn (N, H) bf16`.
+fn moe_backward_data(dev: &Device, moe: &MoeParams, h: usize, npc: usize, name: &str) -> BwdData {
+    let mut rng = Rng::for_case(name);
+    let r = Routing::new(moe, npc, &mut rng);
+    let weight = HostTensor::from_fn(&[r.t, r.k], |_| rng.uniform());
+    let x = r.expand(&rng.randn(&[r.t, 2 * h], bf16::from_f32));
+    let grad = rng.randn(&[r.n(), h], bf16::from_f32);
+    BwdData::new(
+        dev,
+        npc,
+        &x,
+        0,
+        grad,
+        (
+            weight,
+            r.map.pos_to_token_topk.clone(),
+            r.map.token_topk_to_pos.clone(),
+        ),
+    )
+}
+
+#[test]
+fn gpu_swiglu_backward_grid() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_backward_grid") else {
+        return;
+    };
+    let mut sources = Vec::new();
+    for moe in moe_sources() {
+        for h in generate_hidden_sizes(128) {
+            for npc in [32, 128] {
+                sources.push((moe, h, npc));
+            }
+        }
+    }
+    let done = AtomicUsize::new(0);
+    par_cases(&sources, moe_workers(), |&(moe, h, npc)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!("swiglu_bwd {} H={h} npc={npc}", moe.name());
+        let data = moe_backward_data(&dev, &moe, h, npc, &name);
+        for clamp in [None, Some(10.0), Some(0.5)] {
+            let replay = Replay::new(&dev, data.expf_args(clamp));
+            for round in [false, true] {
+                let p = SwigluBackwardParams::new(npc, round, clamp);
+                check_backward(
+                    &dev,
+                    &format!("{name} round={round} clamp={clamp:?}"),
+                    &data,
+                    &p,
+                    &replay,
+                );
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        6 * sources.len(),
+        "spec §3.11: 864 cases per 12 MoE sources"
+    );
+}
+
+#[test]
+fn gpu_swiglu_backward_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_backward_off_grid") else {
+        return;
+    };
+    // (N, H, npc, row padding of x): hidden sizes off the grid, odd rows, unaligned rows,
+    // zero rows with routing slots to zero.
+    let shapes = [
+        (0, 64, 32, 0),
+        (1, 32, 32, 0),
+        (19, 96, 32, 3),
+        (40, 384, 128, 0),
+        (7, 1152, 128, 8),
+        (33, 160, 32, 16),
+    ];
+    let cases: Vec<_> = shapes
+        .iter()
+        .flat_map(|&s| [None, Some(1.5)].map(move |c| (s, c)))
+        .collect();
+    par_cases(&cases, 8, |&((n, h, npc, pad), clamp)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!("swiglu_bwd off-grid N={n} H={h} npc={npc} pad={pad} clamp={clamp:?}");
+        let mut rng = Rng::for_case(&name);
+        // T = n + 3 tokens, k = 2: row i is slot 2i + 1 (every third row padding); the other
+        // slots are -1, so weight_grad is zero there (and entirely for N = 0).
+        let (t, k) = (n + 3, 2);
+        let ptt: Vec<i32> = (0..n)
+            .map(|i| if i % 3 == 2 { -1 } else { (2 * i + 1) as i32 })
+            .collect();
+        let mut ttp = vec![-1i32; t * k];
+        for (i, &p) in ptt.iter().enumerate() {
+            if p >= 0 {
+                ttp[p as usize] = i as i32;
+            }
+        }
+        let x = rng.randn(&[n, 2 * h], |v| bf16::from_f32(2.0 * v));
+        let grad = rng.randn(&[n, h], bf16::from_f32);
+        let weight = HostTensor::from_fn(&[t, k], |_| rng.uniform());
+        let data = BwdData::new(
+            &dev,
+            npc,
+            &x,
+            pad,
+            grad,
+            (
+                weight,
+                HostTensor::from_vec(ptt, &[n]).unwrap(),
+                HostTensor::from_vec(ttp, &[t, k]).unwrap(),
+            ),
+        );
+        let replay = Replay::new(&dev, data.expf_args(clamp));
+        for round in [false, true] {
+            check_backward(
+                &dev,
+                &format!("{name} round={round}"),
+                &data,
+                &SwigluBackwardParams::new(npc, round, clamp),
+                &replay,
+            );
+        }
+        // The allocating form gives the same bits.
+        let p = SwigluBackwardParams::new(npc, true, clamp);
+        let a = tk_quant::swiglu_backward_and_per_token_cast(&data.device(), &p).unwrap();
+        replay.reset();
+        let r = reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), &p, &|x| {
+            replay.expf(x)
+        })
+        .unwrap();
+        check_quant(
+            &format!("{name} allocating"),
+            &a.x_grad_fp8,
+            &a.x_grad_fp8_sf,
+            &r.x_grad_fp8,
+            &r.x_grad_fp8_sf,
+        );
+        assert_bits_eq(
+            &format!("{name} allocating: x_grad"),
+            a.x_grad.to_host().unwrap().as_slice(),
+            r.x_grad.as_slice(),
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// per_channel_cast_and_transpose, swiglu_forward_and_per_channel_cast_and_transpose
+// ---------------------------------------------------------------------------------------------
+
+/// The spec's per-channel token counts {4096, 8064}, plus 0 with TK_FULL_TEST.
+fn per_channel_ms() -> Vec<usize> {
+    let mut v = vec![4096, 8064];
+    if full_test() {
+        v.insert(0, 0);
+    }
+    v
+}
+
+/// A bf16 `(m, k)` input with row stride `k + pad` on the host and the device.
+fn bf16_input(
+    dev: &Device,
+    m: usize,
+    k: usize,
+    pad: usize,
+    name: &str,
+) -> (HostTensor<bf16>, DeviceTensor<bf16>, Layout) {
+    let x = Rng::for_case(name).randn(&[m.max(1), k + pad], bf16::from_f32);
+    let d = dev.upload(&x).unwrap();
+    (x, d, Layout::new(vec![m, k], vec![k + pad, 1], 0).unwrap())
+}
+
+fn check_per_channel_transpose(
+    dev: &Device,
+    m: usize,
+    k: usize,
+    pad: usize,
+    npt: usize,
+    round: bool,
+) {
+    let name =
+        format!("per_channel_cast_and_transpose M={m} K={k} pad={pad} npt={npt} round={round}");
+    let (x, dx, l) = bf16_input(dev, m, k, pad, &name);
+    let params = PerChannelCastAndTransposeParams::new(npt, round);
+    let (rd, rs) = reference::per_channel_cast_and_transpose(
+        &x.view().with_layout(l.clone()).unwrap(),
+        &params,
+    )
+    .unwrap();
+    let (mut d, mut s) = poisoned(dev, CastFormat::E4M3, (k, m), rs.layout(), rs.grid());
+    tk_quant::per_channel_cast_and_transpose_into(
+        &dx.view().with_layout(l).unwrap(),
+        &params,
+        &mut d.view_mut(),
+        &mut s,
+    )
+    .unwrap();
+    check_quant(&name, &d, &s, &rd, &rs);
+}
+
+#[test]
+fn gpu_per_channel_cast_and_transpose_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_channel_cast_and_transpose_grid") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for m in per_channel_ms() {
+        for k in generate_hidden_sizes(64) {
+            for round in [true, false] {
+                for npt in [32, 128] {
+                    cases.push((m, k, npt, round));
+                }
+            }
+        }
+    }
+    par_cases(&cases, 16, |&(m, k, npt, round)| {
+        check_per_channel_transpose(&dev.with_new_stream().unwrap(), m, k, 0, npt, round)
+    });
+}
+
+#[test]
+fn gpu_per_channel_cast_and_transpose_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_channel_cast_and_transpose_off_grid") else {
+        return;
+    };
+    let cases = [
+        (128, 64, 0),
+        (256, 192, 3),
+        (384, 640, 8),
+        (0, 64, 0),
+        (1152, 128, 1),
+    ];
+    par_cases(&cases, 8, |&(m, k, pad)| {
+        let dev = dev.with_new_stream().unwrap();
+        for npt in [32, 128] {
+            for round in [false, true] {
+                check_per_channel_transpose(&dev, m, k, pad, npt, round);
+            }
+        }
+    });
+}
+
+/// Checks the SwiGLU per-channel op for every `npt`, `without_transpose`, `round_sf` against the
+/// downstream reference of the activation computed with the GPU's `expf`.
+fn check_swiglu_per_channel(
+    dev: &Device,
+    m: usize,
+    h: usize,
+    pad: usize,
+    clamp: Option<f32>,
+    table: &ExpfTable,
+) -> usize {
+    let name = format!("swiglu_per_channel M={m} H={h} pad={pad} clamp={clamp:?}");
+    let (x, dx, l) = bf16_input(dev, m, 2 * h, pad, &name);
+    let hx = x.view().with_layout(l.clone()).unwrap();
+    let dxv = dx.view().with_layout(l).unwrap();
+    let mut base = SwigluPerChannelParams::new(32, false);
+    base.swiglu_clamp_value = clamp;
+    let act = reference::swiglu_per_channel_activation(&hx, &base, &|v| table.get(v)).unwrap();
+    let mut n = 0;
+    for npt in [32, 128] {
+        for without_transpose in [true, false] {
+            for round in [true, false] {
+                let p = SwigluPerChannelParams {
+                    num_per_tokens: npt,
+                    round_sf: round,
+                    without_transpose,
+                    swiglu_clamp_value: clamp,
+                };
+                let case =
+                    format!("{name} npt={npt} without_transpose={without_transpose} round={round}");
+                let (rd, rs) = reference::swiglu_per_channel_downstream(&act.view(), &p).unwrap();
+                let shape = if without_transpose { (m, h) } else { (h, m) };
+                let (mut d, mut s) = poisoned(dev, CastFormat::E4M3, shape, rs.layout(), rs.grid());
+                tk_quant::swiglu_forward_and_per_channel_cast_and_transpose_into(
+                    &dxv,
+                    &p,
+                    &mut d.view_mut(),
+                    &mut s,
+                )
+                .unwrap();
+                check_quant(&case, &d, &s, &rd, &rs);
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn gpu_swiglu_per_channel_grid() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_per_channel_grid") else {
+        return;
+    };
+    let table = ExpfTable::new(&dev, &[]);
+    let mut cases = Vec::new();
+    for m in per_channel_ms() {
+        for h in [576, 2048, 2560, 3072, 4096, 6144, 7168] {
+            for clamp in [None, Some(10.0), Some(0.5)] {
+                cases.push((m, h, clamp));
+            }
+        }
+    }
+    let done = AtomicUsize::new(0);
+    par_cases(&cases, moe_workers(), |&(m, h, clamp)| {
+        done.fetch_add(
+            check_swiglu_per_channel(&dev.with_new_stream().unwrap(), m, h, 0, clamp, &table),
+            Ordering::Relaxed,
+        );
+    });
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        8 * cases.len(),
+        "spec §3.12: 336 cases"
+    );
+}
+
+#[test]
+fn gpu_swiglu_per_channel_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_per_channel_off_grid") else {
+        return;
+    };
+    // H = 64 (the smallest), odd multiples of 64, unaligned rows; a clamp that is not a bf16
+    // value (clamped in fp32); M = 0.
+    let clamp = 0.3f32;
+    let table = ExpfTable::new(&dev, &[-clamp]);
+    let cases = [
+        (128, 64, 0, None),
+        (256, 192, 3, Some(clamp)),
+        (384, 320, 8, Some(2.0)),
+        (0, 64, 0, None),
+    ];
+    par_cases(&cases, 8, |&(m, h, pad, c)| {
+        check_swiglu_per_channel(&dev.with_new_stream().unwrap(), m, h, pad, c, &table);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// per_channel_cast_fused
+// ---------------------------------------------------------------------------------------------
+
+/// One fused source: the (expanded) bf16 input `(N_in, K)` and the optional map.
+fn check_fused(
+    dev: &Device,
+    name: &str,
+    x: &HostTensor<bf16>,
+    fp32: bool,
+    map: Option<&HostTensor<i32>>,
+) -> usize {
+    let dmap = map.map(|m| dev.upload(m).unwrap());
+    let k = x.shape()[1];
+    let mut n = 0;
+    for fused in [false, true] {
+        // Host / device inputs: plain (bf16, or its fp32 widening), or per-token e4m3 + scales.
+        let xf = fp32.then(|| {
+            HostTensor::from_vec(x.as_slice().iter().map(|v| v.to_f32()).collect(), x.shape())
+                .unwrap()
+        });
+        let q = fused.then(|| {
+            let p = PerTokenCastParams::new(CastFormat::E4M3, 128, ScaleOptions::row_major(false));
+            let (q, s) = reference::per_token_cast(&CastInput::from(x.view()), &p).unwrap();
+            let sf =
+                HostTensor::from_vec(s.f32_storage().unwrap().to_vec(), &[x.shape()[0], k / 128])
+                    .unwrap();
+            (q.as_e4m3().unwrap().clone(), sf)
+        });
+        let hin: FusedInput<'_> = match (&q, &xf) {
+            (Some((d, s)), _) => FusedInput::Quantized {
+                data: d.view(),
+                sf: s.view(),
+            },
+            (None, Some(f)) => PlainInput::F32(f.view()).into(),
+            (None, None) => PlainInput::BF16(x.view()).into(),
+        };
+        let dbf = dev.upload(x).unwrap();
+        let dxf = xf.as_ref().map(|f| dev.upload(f).unwrap());
+        let dq = q
+            .as_ref()
+            .map(|(d, s)| (dev.upload(d).unwrap(), dev.upload(s).unwrap()));
+        let din: DeviceFusedInput<'_> = match (&dq, &dxf) {
+            (Some((d, s)), _) => DeviceFusedInput::Quantized {
+                data: d.view(),
+                sf: s.view(),
+            },
+            (None, Some(f)) => DevicePlainInput::F32(f.view()).into(),
+            (None, None) => DevicePlainInput::BF16(dbf.view()).into(),
+        };
+        for round in [false, true] {
+            let p = if fused {
+                PerChannelCastFusedParams::fused(round)
+            } else {
+                PerChannelCastFusedParams::plain(round)
+            };
+            let case = format!("{name} fused={fused} fp32={fp32} round={round}");
+            let hmap = map.map(|m| m.view());
+            let (rd, rs) = reference::per_channel_cast_fused(&hin, hmap.as_ref(), &p).unwrap();
+            let n_out = rd.shape()[0];
+            let (mut d, mut s) =
+                poisoned(dev, CastFormat::E4M3, (n_out, k), rs.layout(), rs.grid());
+            let dm = dmap.as_ref().map(|m| m.view());
+            tk_quant::per_channel_cast_fused_into(&din, dm.as_ref(), &p, &mut d.view_mut(), &mut s)
+                .unwrap();
+            check_quant(&case, &d, &s, &rd, &rs);
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn gpu_per_channel_cast_fused_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_channel_cast_fused_grid") else {
+        return;
+    };
+    // None: the spec's fixed no-MoE source (4096 tokens, no map).
+    let mut sources: Vec<Option<MoeParams>> = vec![None];
+    sources.extend(moe_sources().into_iter().map(Some));
+    let cases: Vec<_> = sources
+        .iter()
+        .flat_map(|s| generate_hidden_sizes(128).into_iter().map(move |k| (*s, k)))
+        .collect();
+    let done = AtomicUsize::new(0);
+    par_cases(&cases, moe_workers(), |&(moe, k)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!(
+            "per_channel_cast_fused {} K={k}",
+            moe.map_or("fixed".into(), |m| m.name())
+        );
+        let mut rng = Rng::for_case(&name);
+        let n = match moe {
+            None => check_fused(
+                &dev,
+                &name,
+                &rng.randn(&[4096, k], bf16::from_f32),
+                false,
+                None,
+            ),
+            Some(moe) => {
+                let r = Routing::new(&moe, 128, &mut rng);
+                let x = r.expand(&rng.randn(&[r.t, k], bf16::from_f32));
+                check_fused(&dev, &name, &x, false, Some(&r.map.pos_to_token))
+            }
+        };
+        done.fetch_add(n, Ordering::Relaxed);
+    });
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        4 * cases.len(),
+        "spec §3.6: 312 cases"
+    );
+}
+
+#[test]
+fn gpu_per_channel_cast_fused_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_per_channel_cast_fused_off_grid") else {
+        return;
+    };
+    // (N_in, N_out, K, fp32): maps with N_out % 128 != 0 (partial last block), all-padding
+    // blocks, repeated sources; no map with N = 0; fp32 input; K = 128 (one input group).
+    let cases = [
+        (40, 48, 128, false),
+        (300, 144, 256, true),
+        (16, 256, 384, false),
+        (0, 16, 128, false),
+        (5, 16, 640, true),
+    ];
+    par_cases(&cases, 8, |&(n_in, n_out, k, fp32)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name =
+            format!("per_channel_cast_fused off-grid N_in={n_in} N_out={n_out} K={k} fp32={fp32}");
+        let mut rng = Rng::for_case(&name);
+        let x = rng.randn(&[n_in, k], bf16::from_f32);
+        let map: Vec<i32> = (0..n_out)
+            .map(|i| {
+                if n_in == 0 || (128..256).contains(&i) || i % 9 == 4 {
+                    -1
+                } else {
+                    rng.below(n_in as u64) as i32
+                }
+            })
+            .collect();
+        check_fused(
+            &dev,
+            &name,
+            &x,
+            fp32,
+            Some(&HostTensor::from_vec(map, &[n_out]).unwrap()),
+        );
+        if n_in % 128 == 0 {
+            check_fused(&dev, &format!("{name} no map"), &x, fp32, None);
+        }
+    });
+    // No map, no rows.
+    check_fused(
+        &dev,
+        "per_channel_cast_fused M=0",
+        &HostTensor::from_vec(vec![], &[0, 256]).unwrap(),
+        false,
+        None,
+    );
+}
