@@ -2,7 +2,7 @@
 // src/per_block_cast_lossless.rs for the algorithm and its data-dependent error rules).
 //
 // Compile-time constants (defines):
-//   TK_PASS      1: one warp per output block: E_out = max(E_in) - 6 (saturating), the scale
+//   TK_PASS      1: one warp (or, for small blocks, one thread) per output block: E_out = max(E_in) - 6 (saturating), the scale
 //                   written in the output layout, error bits 1 (an input scale is not a positive
 //                   normal power of two) and 2 (an input block more than 2^11 below E_max);
 //                2: FPT fragments of 8 logical elements per thread and iteration: out = enc8(dec4 * 2^(E_in - E_out)),
@@ -51,27 +51,31 @@ __device__ __forceinline__ u64 out_index(const Params& p, u64 mo, u64 ko) {
 }
 
 #if TK_PASS == 1
-// One warp per output block: the lanes stride over its RH x RW input blocks, then reduce.
+// One team of TEAM lanes per output block: a warp when the block holds at least 32 input
+// blocks, else a single thread; the team strides over its RH x RW input blocks, then reduces.
+constexpr u64 RH = TK_OH / TK_IH, RW = TK_OW / TK_IW;  // input blocks per output block
+constexpr u32 TEAM = RH * RW >= 32 ? 32 : 1;
 extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
-    constexpr u64 RH = TK_OH / TK_IH, RW = TK_OW / TK_IW;  // input blocks per output block
-    const u32 lane = threadIdx.x % 32;
-    const u64 total = p.nbm * p.nbk, warps = (u64)gridDim.x * blockDim.x / 32;
-    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < total; i += warps) {
-        const u64 mo = i % p.nbm, ko = i / p.nbm;  // consecutive warps: consecutive block rows
+    const u32 lane = threadIdx.x % TEAM;
+    const u64 total = p.nbm * p.nbk, teams = (u64)gridDim.x * blockDim.x / TEAM;
+    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / TEAM; i < total; i += teams) {
+        const u64 mo = i % p.nbm, ko = i / p.nbm;  // consecutive teams: consecutive block rows
         const u64 mb0 = mo * RH, kb0 = ko * RW;
         const u64 rows = min(mb0 + RH, p.in_nbm) - mb0, cols = min(kb0 + RW, p.in_nbk) - kb0;
         u32 e_max = 0, e_min = 255, bad = 0;
-        for (u64 b = lane; b < rows * cols; b += 32) {
+        for (u64 b = lane; b < rows * cols; b += TEAM) {
             const u32 e = in_exponent(p, mb0 + b / cols, kb0 + b % cols);
             bad |= e == 0;
             e_max = max(e_max, e);
             e_min = min(e_min, e);
         }
+        if constexpr (TEAM == 32) {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            e_max = max(e_max, __shfl_xor_sync(0xFFFFFFFFu, e_max, o));
-            e_min = min(e_min, __shfl_xor_sync(0xFFFFFFFFu, e_min, o));
-            bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
+            for (int o = 16; o > 0; o >>= 1) {
+                e_max = max(e_max, __shfl_xor_sync(0xFFFFFFFFu, e_max, o));
+                e_min = min(e_min, __shfl_xor_sync(0xFFFFFFFFu, e_min, o));
+                bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
+            }
         }
         if (lane != 0) continue;
         const u32 eo = e_max > 6 ? e_max - 6 : 0;

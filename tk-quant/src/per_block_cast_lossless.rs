@@ -427,9 +427,16 @@ mod gpu {
         let vecio = args.x % 4 == 0 && args.ldx % 4 == 0 && args.out % 8 == 0;
         let packed = matches!(x.sf, DeviceScaleView::Packed(_));
         let sms = dev.props().sm_count as usize;
-        // Pass 1: one warp (32 items) per output block; pass 2: 4 fragments per thread.
+        // Pass 1: one warp per output block of at least 32 input blocks, else one thread
+        // (the kernel's TEAM); pass 2: 4 fragments per thread.
+        let (oh, ow) = params.out_block_size;
+        let team = if (oh / x.block.0) * (ow / x.block.1) >= 32 {
+            32
+        } else {
+            1
+        };
         let out_blocks = plan.output.grid.nbm() * plan.output.grid.nbk();
-        for (pass, items) in [(1u8, 32 * out_blocks), (2, (m * k / 8).div_ceil(4))] {
+        for (pass, items) in [(1u8, team * out_blocks), (2, (m * k / 8).div_ceil(4))] {
             let spec = kernel_spec(
                 pass,
                 packed,
