@@ -51,10 +51,10 @@ __device__ __forceinline__ u64 out_index(const Params& p, u64 mo, u64 ko) {
 }
 
 #if TK_PASS == 1
-// One team of TEAM lanes per output block: a warp when the block holds at least 32 input
+// One team of TEAM lanes per output block: a warp when the block holds at least 64 input
 // blocks, else a single thread; the team strides over its RH x RW input blocks, then reduces.
 constexpr u64 RH = TK_OH / TK_IH, RW = TK_OW / TK_IW;  // input blocks per output block
-constexpr u32 TEAM = RH * RW >= 32 ? 32 : 1;
+constexpr u32 TEAM = RH * RW >= 64 ? 32 : 1;
 extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
     const u32 lane = threadIdx.x % TEAM;
     const u64 total = p.nbm * p.nbk, teams = (u64)gridDim.x * blockDim.x / TEAM;

@@ -427,7 +427,7 @@ mod gpu {
         let vecio = args.x % 4 == 0 && args.ldx % 4 == 0 && args.out % 8 == 0;
         let packed = matches!(x.sf, DeviceScaleView::Packed(_));
         let sms = dev.props().sm_count as usize;
-        // Pass 1: one warp per output block of at least 32 input blocks, else one thread
+        // Pass 1: one warp per output block of at least 64 input blocks, else one thread
         // (the kernel's TEAM); pass 2: 4 fragments per thread.
         let (oh, ow) = params.out_block_size;
         let team = if (oh / x.block.0) * (ow / x.block.1) >= 32 {
