@@ -8,7 +8,7 @@
 //! | feature | crate | ops |
 //! |---|---|---|
 //! | `transpose` (default) | [`tk_transpose`] | `transpose`, `batched_transpose` |
-//! | `quant` (default) | [`tk_quant`] | scale layouts and the CPU references of the casts (GPU kernels pending) |
+//! | `quant` (default) | [`tk_quant`] | per-token / per-block / per-channel casts to FP8, FP4, E5M6 and back, lossless FP4 → FP8, fused SwiGLU + cast ops (GPU kernels and CPU references) |
 //! | `moe` (default) | [`tk_moe`] | `get_fused_mapping`, `expand_to_fused(_with_sf)`, `reduce_fused`, `normalize_weight`, `group_count`, `aux_fi`, `inplace_unique_group_indices`, `mask_indices_by_tp` (GPU kernels and CPU references) |
 //! | `gating` (default) | [`tk_gating`] | scoring functions; `topk_gate`, `topk_sum_and_topk_group_idx`, `top2_sum_gate` on the GPU, with CPU references |
 //!
