@@ -301,9 +301,7 @@ mod gpu {
     };
 
     use super::{ReduceElement, ReduceFusedParams, ReduceFusedTensors, ReduceOut};
-    use crate::gpu::{
-        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, THREADS,
-    };
+    use crate::gpu::{access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS};
 
     static SOURCE: KernelSource = KernelSource {
         file: "reduce_fused.cu",
@@ -312,6 +310,9 @@ mod gpu {
         headers: HEADERS,
         needs_cuda_headers: true,
     };
+
+    /// Tokens per block of `tk_reduce_fused` (one warp each; the kernel's `WARPS`).
+    const TOKENS_PER_BLOCK: usize = 4;
 
     /// The device tensor arguments of `reduce_fused`: [`ReduceFusedTensors`] of device views.
     pub type DeviceReduceFusedInputs<'a, T> =
@@ -527,8 +528,13 @@ mod gpu {
         // contiguous; absent tensors (null) are never read (their specialisation flag is 0); the
         // access width divides every address, pitch and row length; the buffers outlive the
         // stream-ordered launch.
-        unsafe { l.launch(config(blocks(shape.num_tokens, 8), THREADS)) }
-            .ctx("launching tk_reduce_fused")?;
+        unsafe {
+            l.launch(config(
+                blocks(shape.num_tokens, TOKENS_PER_BLOCK),
+                32 * TOKENS_PER_BLOCK as u32,
+            ))
+        }
+        .ctx("launching tk_reduce_fused")?;
         Ok(())
     }
 }
