@@ -34,23 +34,131 @@ __device__ __forceinline__ void count_into(u32* hist, const i64* __restrict__ id
     }
 }
 
-// Grid-wide histogram of the legal entries of idx (T, K) (row stride ld) into the global
-// counters `counts` (`bins` of them, zeroed by the host): each block counts a grid-stride share
-// of the flat indices into `hist` (shared memory when SMEM, then one global atomic per non-zero
-// bin; global atomics directly otherwise). Integer atomics: exact and order-independent.
-template <bool SMEM>
-__device__ __forceinline__ void histogram(u32* __restrict__ counts, u32* hist, const i64* __restrict__ idx, u64 ld,
-                                          u64 T, u32 K, i64 bins) {
-    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
-    if (SMEM) {
-        for (i64 e = threadIdx.x; e < bins; e += blockDim.x) hist[e] = 0;
+// ----- one-launch exact histograms (aux_fi, group_count) on a thread-block cluster ----------
+//
+// CLUSTER CTAs of COUNT_THREADS threads (compile-time cluster dims, sm_90+: one ordinary launch
+// of CLUSTER blocks). Each CTA counts its share of the entries into a shared-memory histogram;
+// a cluster barrier publishes them and each bin's total is summed from the CTAs' histograms
+// through distributed shared memory. No zeroed global memory, no memset, no global atomics:
+// the integer totals are exact, so the result does not depend on any order.
+constexpr u32 CLUSTER = 8;
+constexpr u32 COUNT_THREADS = 1024;
+constexpr u32 COUNT_WARPS = COUNT_THREADS / 32;
+constexpr u32 COUNT_BINS = 8192;  // bins of one shared histogram window (32 KiB)
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Barrier of every thread of the cluster (release / acquire at cluster scope: shared and global
+// writes before it are visible to every CTA of the cluster after it).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// The u32 at `p` (this CTA's shared memory address) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ u32 ld_cluster_u32(const u32* p, u32 rank) {
+    const u32 local = (u32)__cvta_generic_to_shared(p);
+    u32 remote, v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// Entries 2j and 2j + 1 of the flat (T*K = N entries) view of idx (row stride ld), -1 past the
+// end. flat: idx is one contiguous, 16-byte aligned run (one 16-byte load per pair).
+__device__ __forceinline__ void load_pair(const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat, u64 j,
+                                          i64& a, i64& b) {
+    const u64 i = 2 * j;
+    a = b = -1;
+    if (i >= N) return;
+    if (flat && i + 1 < N) {
+        const longlong2 v = __ldg(reinterpret_cast<const longlong2*>(idx) + j);
+        a = v.x;
+        b = v.y;
+        return;
+    }
+    a = __ldg(idx + (i / K) * ld + i % K);
+    if (i + 1 < N) b = __ldg(idx + ((i + 1) / K) * ld + (i + 1) % K);
+}
+
+// Adds 1 to the count of bin v - lo for an entry v in [lo, hi): hist holds REPL copies of each
+// bin, lane l of every warp adding to copy l % REPL (with 32 copies the lanes of a warp never
+// hit the same address, whatever the ids: no serialised shared atomics when the ids are few).
+template <u32 REPL>
+__device__ __forceinline__ void tally(u32* hist, i64 v, i64 lo, i64 hi, u32 lane) {
+    if (v >= lo && v < hi) atomicAdd(hist + (u64)(v - lo) * REPL + lane % REPL, 1u);
+}
+
+// Counts the entries in [lo, hi) of the pairs j = gw*32 + lane + 32*nw*r (r = 0, 1, ..: warp
+// gw of nw warps) into hist (shared, REPL copies per bin, zeroed by the caller). Four pairs per
+// lane are loaded before they are counted.
+template <u32 REPL>
+__device__ __forceinline__ void count_window(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                             i64 lo, i64 hi, u32 gw, u32 nw) {
+    constexpr int R = 4;
+    const u32 lane = threadIdx.x % 32;
+    const u64 pairs = (N + 1) / 2, step = (u64)nw * 32;
+    for (u64 j0 = (u64)gw * 32; j0 < pairs; j0 += step * R) {
+        i64 a[R], b[R];  // (R,) pairs of entries
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + r * step + lane, a[r], b[r]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            tally<REPL>(hist, a[r], lo, hi, lane);
+            tally<REPL>(hist, b[r], lo, hi, lane);
+        }
+    }
+}
+
+// The exact count c_e of the entries equal to e of idx (T, K) row stride ld (N = T*K entries),
+// for every e in [0, E): calls put(e, c_e) once per bin, from some thread of the cluster.
+// E <= COUNT_BINS: the CTAs split the entries; each CTA's histogram (32 lane copies per bin for
+// E <= 256, folded into `tot` after counting) is summed over the cluster's CTAs. Larger E: the
+// CTAs split the bins in windows of COUNT_BINS, each scanning every entry.
+template <u32 E, class Put>
+__device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                                  Put put) {
+    constexpr u32 W = E < COUNT_BINS ? E : COUNT_BINS;
+    constexpr u32 REPL = E <= 256 ? 32 : 1;
+    __shared__ u32 hist[W * REPL];              // (W, REPL) this CTA's counts of a window of bins
+    __shared__ u32 tot[REPL > 1 ? W : 1];       // (W,) the folded copies (REPL > 1)
+    u32* const sums = REPL > 1 ? tot : hist;    // (W,) this CTA's count per bin
+    const u32 rank = cluster_rank(), warp = threadIdx.x / 32;
+    if (E <= COUNT_BINS) {
+        for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
         __syncthreads();
-        count_into(hist, idx, ld, K, first, T * K, step, bins);
-        __syncthreads();
-        for (i64 e = threadIdx.x; e < bins; e += blockDim.x)
-            if (hist[e]) atomicAdd(counts + e, hist[e]);
+        count_window<REPL>(hist, idx, ld, K, N, flat, 0, E, rank * COUNT_WARPS + warp, CLUSTER * COUNT_WARPS);
+        if (REPL > 1) {
+            __syncthreads();
+            for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) {
+                u32 c = 0;
+#pragma unroll
+                for (u32 l = 0; l < REPL; ++l) c += hist[e * REPL + (l + e) % REPL];  // rotated: no bank conflicts
+                tot[e] = c;
+            }
+        }
+        cluster_sync();  // every CTA's counts are complete and visible to the cluster
+        for (u32 e = rank * COUNT_THREADS + threadIdx.x; e < E; e += CLUSTER * COUNT_THREADS) {
+            u32 c = 0;
+#pragma unroll
+            for (u32 q = 0; q < CLUSTER; ++q) c += ld_cluster_u32(sums + e, q);
+            put(e, c);
+        }
+        cluster_sync();  // no CTA exits (its shared memory) before every remote read is done
     } else {
-        count_into(counts, idx, ld, K, first, T * K, step, bins);
+        for (u64 lo = (u64)rank * W; lo < E; lo += (u64)CLUSTER * W) {
+            const u64 hi = min(lo + W, (u64)E);
+            for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) hist[e] = 0;
+            __syncthreads();
+            count_window<1>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, warp, COUNT_WARPS);
+            __syncthreads();
+            for (u64 e = lo + threadIdx.x; e < hi; e += COUNT_THREADS) put((u32)e, hist[e - lo]);
+            __syncthreads();  // the reads finish before the next window's zeroing
+        }
     }
 }
 
