@@ -18,22 +18,6 @@ __device__ __forceinline__ i64 legal_or_minus_one(I v, i64 upper) {
     return (w >= 0 && w < upper) ? w : -1;
 }
 
-// Counts the legal entries of idx (T, K) row stride `ld` (elements) with flat index in
-// [begin, end) (step `step`) into the counters `hist` (`bins` of them, zeroed by the caller;
-// shared or global memory). Warp-aggregated atomics: the lanes holding the same id add their
-// number once (ids are few, so plain atomics would serialise on the same address). Integer
-// counts: exact and independent of the order.
-__device__ __forceinline__ void count_into(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K,
-                                           u64 begin, u64 end, u64 step, i64 bins) {
-    const u32 lane = threadIdx.x % 32;
-    for (u64 i = begin; i < end; i += step) {
-        const u64 t = i / K, k = i % K;
-        const i64 v = legal_or_minus_one(__ldg(idx + t * ld + k), bins);
-        const u32 peers = __match_any_sync(__activemask(), (unsigned long long)v);
-        if (v >= 0 && lane == (u32)(__ffs(peers) - 1)) atomicAdd(hist + v, (u32)__popc(peers));
-    }
-}
-
 // ----- one-launch exact histograms (aux_fi, group_count) on a thread-block cluster ----------
 //
 // CLUSTER CTAs of COUNT_THREADS threads (compile-time cluster dims, sm_90+: one ordinary launch
@@ -43,7 +27,6 @@ __device__ __forceinline__ void count_into(u32* hist, const i64* __restrict__ id
 // the integer totals are exact, so the result does not depend on any order.
 constexpr u32 CLUSTER = 8;
 constexpr u32 COUNT_THREADS = 1024;
-constexpr u32 COUNT_WARPS = COUNT_THREADS / 32;
 constexpr u32 COUNT_BINS = 8192;  // bins of one shared histogram window (32 KiB)
 
 // This CTA's rank in its cluster.
@@ -93,19 +76,19 @@ __device__ __forceinline__ void tally(u32* hist, i64 v, i64 lo, i64 hi, u32 lane
     if (v >= lo && v < hi) atomicAdd(hist + (u64)(v - lo) * REPL + lane % REPL, 1u);
 }
 
-// Counts the entries in [lo, hi) of the pairs j = gw*32 + lane + 32*nw*r (r = 0, 1, ..: warp
-// gw of nw warps) into hist (shared, REPL copies per bin, zeroed by the caller). Four pairs per
-// lane are loaded before they are counted.
+// Counts the entries in [lo, hi) with flat index < N of the pairs j = first + g + ng*r
+// (r = 0, 1, ..: thread g of ng) into hist (shared, REPL copies per bin, zeroed by the caller).
+// Four pairs per thread are loaded before they are counted.
 template <u32 REPL>
-__device__ __forceinline__ void count_window(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
-                                             i64 lo, i64 hi, u32 gw, u32 nw) {
+__device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                            i64 lo, i64 hi, u64 first, u32 g, u32 ng) {
     constexpr int R = 4;
     const u32 lane = threadIdx.x % 32;
-    const u64 pairs = (N + 1) / 2, step = (u64)nw * 32;
-    for (u64 j0 = (u64)gw * 32; j0 < pairs; j0 += step * R) {
+    const u64 pairs = (N + 1) / 2;
+    for (u64 j0 = first + g; j0 < pairs; j0 += (u64)ng * R) {
         i64 a[R], b[R];  // (R,) pairs of entries
 #pragma unroll
-        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + r * step + lane, a[r], b[r]);
+        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + (u64)r * ng, a[r], b[r]);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             tally<REPL>(hist, a[r], lo, hi, lane);
@@ -114,32 +97,43 @@ __device__ __forceinline__ void count_window(u32* hist, const i64* __restrict__ 
     }
 }
 
+// Bins up to which histograms keep 32 lane copies per bin (32 KiB of shared memory).
+constexpr u32 REPL_BINS = 256;
+
+// Folds the REPL copies of each of the `bins` bins of hist into sums (shared; block-wide, the
+// caller synchronises before and after). Rotated reads: no bank conflicts.
+template <u32 REPL>
+__device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins) {
+    for (u32 e = threadIdx.x; e < bins; e += blockDim.x) {
+        u32 c = 0;
+#pragma unroll
+        for (u32 l = 0; l < REPL; ++l) c += hist[e * REPL + (l + e) % REPL];
+        sums[e] = c;
+    }
+}
+
 // The exact count c_e of the entries equal to e of idx (T, K) row stride ld (N = T*K entries),
 // for every e in [0, E): calls put(e, c_e) once per bin, from some thread of the cluster.
 // E <= COUNT_BINS: the CTAs split the entries; each CTA's histogram (32 lane copies per bin for
-// E <= 256, folded into `tot` after counting) is summed over the cluster's CTAs. Larger E: the
+// E <= REPL_BINS, folded into `tot` after counting) is summed over the cluster's CTAs. Larger E: the
 // CTAs split the bins in windows of COUNT_BINS, each scanning every entry.
 template <u32 E, class Put>
 __device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
                                                   Put put) {
     constexpr u32 W = E < COUNT_BINS ? E : COUNT_BINS;
-    constexpr u32 REPL = E <= 256 ? 32 : 1;
-    __shared__ u32 hist[W * REPL];              // (W, REPL) this CTA's counts of a window of bins
-    __shared__ u32 tot[REPL > 1 ? W : 1];       // (W,) the folded copies (REPL > 1)
-    u32* const sums = REPL > 1 ? tot : hist;    // (W,) this CTA's count per bin
-    const u32 rank = cluster_rank(), warp = threadIdx.x / 32;
+    constexpr u32 REPL = E <= REPL_BINS ? 32 : 1;
+    __shared__ u32 hist[W * REPL];            // (W, REPL) this CTA's counts of a window of bins
+    __shared__ u32 tot[REPL > 1 ? W : 1];     // (W,) the folded copies (REPL > 1)
+    u32* const sums = REPL > 1 ? tot : hist;  // (W,) this CTA's count per bin
+    const u32 rank = cluster_rank();
     if (E <= COUNT_BINS) {
         for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
         __syncthreads();
-        count_window<REPL>(hist, idx, ld, K, N, flat, 0, E, rank * COUNT_WARPS + warp, CLUSTER * COUNT_WARPS);
+        count_pairs<REPL>(hist, idx, ld, K, N, flat, 0, E, 0, rank * COUNT_THREADS + threadIdx.x,
+                          CLUSTER * COUNT_THREADS);
         if (REPL > 1) {
             __syncthreads();
-            for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) {
-                u32 c = 0;
-#pragma unroll
-                for (u32 l = 0; l < REPL; ++l) c += hist[e * REPL + (l + e) % REPL];  // rotated: no bank conflicts
-                tot[e] = c;
-            }
+            fold_copies<REPL>(tot, hist, W);
         }
         cluster_sync();  // every CTA's counts are complete and visible to the cluster
         for (u32 e = rank * COUNT_THREADS + threadIdx.x; e < E; e += CLUSTER * COUNT_THREADS) {
@@ -154,7 +148,7 @@ __device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u
             const u64 hi = min(lo + W, (u64)E);
             for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) hist[e] = 0;
             __syncthreads();
-            count_window<1>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, warp, COUNT_WARPS);
+            count_pairs<1>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, 0, threadIdx.x, COUNT_THREADS);
             __syncthreads();
             for (u64 e = lo + threadIdx.x; e < hi; e += COUNT_THREADS) put((u32)e, hist[e - lo]);
             __syncthreads();  // the reads finish before the next window's zeroing

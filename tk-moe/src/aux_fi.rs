@@ -101,8 +101,8 @@ mod gpu {
 
     use super::AuxFiParams;
     use crate::checks::check_flat_fits_i32;
-    use crate::gpu::{check_device, check_out, row_stride, HEADERS};
-    use crate::group_count::count::{check_bins, flat, launch_config};
+    use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
+    use crate::group_count::count::{check_bins, launch_config};
 
     static SOURCE: KernelSource = KernelSource {
         file: "aux_fi.cu",
@@ -156,7 +156,7 @@ mod gpu {
         let f = dev.function(&kernel_spec(e))?;
         let f_addr = out.address();
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
-        let (t64, k32, flat) = (t as u64, k as u32, flat(topk_idx));
+        let (t64, k32, flat) = (t as u64, k as u32, flat_entries(topk_idx));
         // fp32(T·num_aux_topk), rounded once as the CPU reference does (0 when T == 0: unused).
         let den = (t as u128 * params.num_aux_topk as u128) as f32;
         let mut l = dev.stream().launch_builder(&f);

@@ -2,7 +2,7 @@
 //! and placement checks, grid sizes and access widths.
 
 use cudarc::driver::LaunchConfig;
-use tk_core::{Device, Layout, Result, TkError};
+use tk_core::{Device, DeviceView, Layout, Result, TkError};
 
 /// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
 pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
@@ -72,4 +72,12 @@ pub(crate) fn access_bytes(parts: &[u64]) -> usize {
         .into_iter()
         .find(|&v| parts.iter().all(|p| p % v == 0))
         .unwrap_or(1) as usize
+}
+
+/// The `flat` argument of the kernels reading an index tensor `idx (T, K)` in pairs of entries
+/// (`moe.cuh` `load_pair`): 1 when its entries are one contiguous run starting on a 16-byte
+/// boundary (one 16-byte load per pair), else 0.
+pub(crate) fn flat_entries(idx: &DeviceView<'_, i64>) -> u32 {
+    let (t, k) = (idx.shape()[0], idx.shape()[1]);
+    ((t <= 1 || row_stride(idx.layout()) == k as u64) && idx.address() % 16 == 0) as u32
 }

@@ -53,9 +53,9 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 pub(crate) mod count {
     use cudarc::driver::LaunchConfig;
-    use tk_core::{DeviceView, Result, TkError};
+    use tk_core::{Result, TkError};
 
-    use crate::gpu::{config, row_stride};
+    use crate::gpu::config;
 
     /// CTAs of the counting cluster (the kernels' `CLUSTER`).
     const CLUSTER: u32 = 8;
@@ -65,13 +65,6 @@ pub(crate) mod count {
     /// The launch of a counting kernel: one thread-block cluster (its size is compiled in).
     pub(crate) fn launch_config() -> LaunchConfig {
         config(CLUSTER, COUNT_THREADS)
-    }
-
-    /// The kernels' `flat` argument: 1 when the entries of `idx (T, K)` are one contiguous run
-    /// starting on a 16-byte boundary (pairs of entries are read with one load).
-    pub(crate) fn flat(idx: &DeviceView<'_, i64>) -> u32 {
-        let (t, k) = (idx.shape()[0], idx.shape()[1]);
-        ((t <= 1 || row_stride(idx.layout()) == k as u64) && idx.address() % 16 == 0) as u32
     }
 
     /// The GPU limit on the bin count `bins` (the argument `arg`): `<= i32::MAX`.
@@ -102,9 +95,9 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
-    use super::count::{check_bins, flat, launch_config};
+    use super::count::{check_bins, launch_config};
     use super::GroupCountParams;
-    use crate::gpu::{check_device, check_out, row_stride, HEADERS};
+    use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
 
     static SOURCE: KernelSource = KernelSource {
         file: "group_count.cu",
@@ -156,7 +149,7 @@ mod gpu {
         let f = dev.function(&kernel_spec(params.num_groups))?;
         let counts = out.address();
         let (idx, ld) = (group_idx.address(), row_stride(group_idx.layout()));
-        let (t64, k32, flat) = (t as u64, k as u32, flat(group_idx));
+        let (t64, k32, flat) = (t as u64, k as u32, flat_entries(group_idx));
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&counts)
             .arg(&idx)
