@@ -14,8 +14,9 @@
 //    A_e gives expert_start; writes start, end and A_e, and turns cnt[b, e] into the first row
 //    of chunk b's entries of expert e.
 // 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
-//    order (the entries of 8 tiles loaded together); an entry's row is base[e] + (same-expert entries in earlier warps of the tile, from
-//    per-warp counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
+//    order (the entries of 8 tiles loaded together); an entry's row is base[e] + (same-expert
+//    entries in earlier warps of the tile, from per-warp counts in shared memory) +
+//    (same-expert lanes below it, from __match_any_sync).
 //    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
 //    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
 //    e mod B) and the rows after the last segment (grid-stride).
