@@ -6,15 +6,15 @@
 // the input dtype), TK_W (columns per lane access: 16 bytes of input, or 1), TK_K (slots),
 // TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given).
 //
-// One warp per token (4 per block, 6 blocks per SM at <= 80 registers: 24 warps). Lane j of
+// One warp per token (4 per block, 5 blocks per SM at <= 96 registers: 20 warps). Lane j of
 // slot group g first reads slot 32g + j; the group's legal slots are then compacted in slot
 // order (lane r holds the r-th legal slot's row p and scalar s), so the sweep touches only the
 // rows that count (a skipped slot never changes acc, so the FMA order is the spec's). The warp
 // sweeps the columns in batches of SB compacted slots x U column vectors (16 bytes) per lane,
 // SB the smallest power of two >= the token's legal slots (capped at LOADS = 8) and
-// U = min(LOADS / SB, 32 / TK_W) (at most 32 accumulators per lane): a token with one legal
-// slot keeps 4 (bf16) or 8 (fp32) 16-byte loads per lane in flight instead of one, so the
-// bytes in flight per SM no longer shrink with the legal slots per token (~1.3 of 6 on the
+// U = min(LOADS / SB, 64 / TK_W) (at most 64 accumulators per lane): a token with one legal
+// slot keeps 8 16-byte loads per lane in flight instead of one (4 KB per warp, 80 KB per SM),
+// so the bytes in flight no longer shrink with the legal slots per token (~1.3 of 6 on the
 // EP8 benchmark). All loads of a batch are issued before its FMAs, which run in slot order.
 // The arithmetic uses explicit __fmaf_rn / __fmul_rn so that no contraction or reassociation
 // can change the bits.
@@ -57,10 +57,11 @@ __device__ __forceinline__ out_t from_f32(float v) { return __float2half_rn(v); 
 
 typedef tk::uint_of_size<TK_W * sizeof(in_t)>::type in_vec_t;    // TK_W inputs
 typedef tk::uint_of_size<TK_W * sizeof(out_t)>::type out_vec_t;  // TK_W outputs
-constexpr int WARPS = 4;  // tokens per block (one per warp)
+constexpr int WARPS = 4;          // tokens per block (one per warp)
+constexpr int BLOCKS_PER_SM = 5;  // launch bounds: <= 96 registers, 20 warps per SM
 constexpr int KG = (TK_K + 31) / 32;
 constexpr int LOADS = 8;     // vector loads per lane in flight
-constexpr int MAX_ACC = 32;  // fp32 accumulators per lane at most (U * TK_W): no spills at 80 registers
+constexpr int MAX_ACC = 64;  // fp32 accumulators per lane at most (U * TK_W): no spills at 96 registers
 
 union InVec {
     in_vec_t raw;
@@ -108,7 +109,11 @@ __device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_
                 }
 #pragma unroll
                 for (int j = 0; j < SB; ++j) {
-                    if (p[j] < 0) continue;
+                    // With one slot in a single batch, acc is +0 here and a skipped slot loaded
+                    // +0 with s = 0 (lanes >= nv hold 0): fma(+0, 0, +0) = +0 leaves acc as
+                    // skipping would, so the FMA runs unconditionally (no branch keeping acc
+                    // live). Elsewhere acc may be -0, which fma(+0, 0, acc) would turn into +0.
+                    if (!(SB == 1 && ONE) && p[j] < 0) continue;
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         InVec e;
@@ -135,7 +140,7 @@ __device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_
 // out: (T, n) output vectors, contiguous; x: (M, n) input vectors, row stride ldx (vectors);
 // x_sf: (M,) fp32 stride ld_xsf; w: (T, K) fp32 row stride ld_w; ttp: (T, K) i32 row stride
 // ld_ttp; sf: (1,) fp32. n = H / TK_W.
-extern "C" __global__ void __launch_bounds__(WARPS * 32, 24 / WARPS)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     tk_reduce_fused(out_vec_t* __restrict__ out, const in_vec_t* __restrict__ x, u64 ldx, const float* __restrict__ x_sf,
                     u64 ld_xsf, const float* __restrict__ w, u64 ld_w, const i32* __restrict__ ttp, u64 ld_ttp,
                     const float* __restrict__ sf, u64 T, u64 M, u64 n) {
