@@ -429,6 +429,33 @@ fn gpu_reduce_fused_off_grid() {
             );
         }
     });
+    // Every legal-slot count per token, 0 ..= K (each batch shape of the kernel; K = 40 spans
+    // two slot groups), legal slots scattered over the row; a negative global sf (a token
+    // without legal slots gives 0 · sf = -0.0).
+    for k in [9, 40] {
+        let (t, m) = (3 * (k + 1), 500);
+        let mut rng = Rng::for_case(&format!("reduce legal counts K={k}"));
+        // Slot j of token r is legal when (7j + r) mod K < r mod (K + 1): a permutation of the
+        // slots (7 is prime to K), so exactly r mod (K + 1) legal slots.
+        let ttp = HostTensor::from_fn(&[t, k], |i| {
+            let (r, j) = (i / k, i % k);
+            if (7 * j + r) % k < r % (k + 1) {
+                rng.below(m as u64) as i32
+            } else {
+                -1
+            }
+        });
+        for h in [512, 264] {
+            let d = ReduceData {
+                x: rng.randn(&[m, h], bf16::from_f32),
+                ttp: ttp.clone(),
+                w: HostTensor::from_fn(&[t, k], |_| rng.uniform()),
+                x_sf: rng.randn(&[m], |v| v),
+                sf: HostTensor::from_vec(vec![-0.75], &[1]).unwrap(),
+            };
+            reduce_all_options(&dev, &format!("reduce legal counts K={k} H={h}"), &d);
+        }
+    }
     // Illegal positions are skipped (read as -1), and e4m3 saturates.
     let idx = topk_idx_for(
         "gpu reduce illegal",
