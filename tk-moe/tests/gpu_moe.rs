@@ -889,7 +889,52 @@ fn gpu_group_count_and_aux_fi_grid() {
             );
         }
     });
-    // Global-memory histograms (more bins than shared memory holds).
+    // Index tensors read one entry at a time: padded rows (row stride K + 3) and contiguous
+    // rows starting off a 16-byte boundary (K = 9, from the second row of a buffer).
+    let p = MoeParams {
+        num_send_tokens: 700,
+        num_topk: 9,
+        num_experts: 32,
+        num_ep_ranks: 8,
+    };
+    let idx = topk_idx_for("gpu count strided", &p);
+    let (t, k) = (idx.shape()[0], idx.shape()[1]);
+    let (buf, layout) = common::padded_rows(&idx, 3, 5);
+    let padded = up(
+        &dev,
+        &HostTensor::from_vec(buf.clone(), &[buf.len()]).unwrap(),
+    );
+    let mut shifted = vec![7i64; k];
+    shifted.extend_from_slice(idx.as_slice());
+    let shifted = up(&dev, &HostTensor::from_vec(shifted, &[t + 1, k]).unwrap());
+    for (what, view) in [
+        ("padded rows", padded.view().with_layout(layout).unwrap()),
+        ("unaligned start", shifted.view().narrow(0, 1, t).unwrap()),
+    ] {
+        let params = tk_moe::GroupCountParams::new(32);
+        assert_bits_eq(
+            &format!("group_count {what}"),
+            tk_moe::group_count(&view, &params)
+                .unwrap()
+                .to_host()
+                .unwrap()
+                .as_slice(),
+            reference::group_count(&idx.view(), &params)
+                .unwrap()
+                .as_slice(),
+        );
+        let params = tk_moe::AuxFiParams::new(32, 9);
+        assert_bits_eq(
+            &format!("aux_fi {what}"),
+            tk_moe::aux_fi(&view, &params)
+                .unwrap()
+                .to_host()
+                .unwrap()
+                .as_slice(),
+            reference::aux_fi(&idx.view(), &params).unwrap().as_slice(),
+        );
+    }
+    // More bins than one shared-memory window holds (the CTAs split the bins in windows).
     let idx = topk_idx_for(
         "gpu count big",
         &MoeParams {
