@@ -101,9 +101,15 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     const bool active = e < TK_E;
     const u64 per = (B + SCAN_G - 1) / SCAN_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
     i64 local = 0;  // this thread's chunks of expert e
+    constexpr int CB = 8;  // chunk counts loaded together
     if (active) {
-#pragma unroll 8
-        for (u64 b = b0; b < b1; ++b) local += cnt[b * TK_E + e];
+        for (u64 b = b0; b < b1; b += CB) {
+            i32 c[CB];  // (CB,) counts of chunks b ..
+#pragma unroll
+            for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+#pragma unroll
+            for (int r = 0; r < CB; ++r) local += c[r];
+        }
     }
     i64 incl = local;  // inclusive scan within the expert's segment of SCAN_G lanes
 #pragma unroll
@@ -128,11 +134,15 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
         num_tokens_per_expert[e] = sat_i32(len);
     }
     i64 run = start + incl - local;
-#pragma unroll 8
-    for (u64 b = b0; b < b1; ++b) {
-        const i32 c = cnt[b * TK_E + e];
-        cnt[b * TK_E + e] = sat_i32(run);
-        run += c;
+    for (u64 b = b0; b < b1; b += CB) {
+        i32 c[CB];  // (CB,) counts of chunks b ..
+#pragma unroll
+        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+#pragma unroll
+        for (int r = 0; r < CB; ++r) {
+            if (b + r < b1) cnt[(b + r) * TK_E + e] = sat_i32(run);
+            run += c[r];
+        }
     }
 }
 
