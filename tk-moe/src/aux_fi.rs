@@ -139,8 +139,8 @@ mod gpu {
 
     /// [`aux_fi`] into a caller-provided contiguous `f (E,)` fp32.
     ///
-    /// Errors: as [`aux_fi`], and [`TkError::Shape`] / [`TkError::Stride`] /
-    /// [`TkError::Placement`] naming `out`.
+    /// Errors: as [`aux_fi`], and [`tk_core::TkError::Shape`] /
+    /// [`tk_core::TkError::Stride`] / [`tk_core::TkError::Placement`] naming `out`.
     pub fn aux_fi_into(
         topk_idx: &DeviceView<'_, i64>,
         params: &AuxFiParams,
