@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __rest
     for (u32 i = threadIdx.x; i < TK_E * REPL; i += THREADS) hist[i] = 0;
     __syncthreads();
     const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
-    count_pairs<REPL>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, THREADS);
+    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, THREADS);
     __syncthreads();
     if (REPL > 1) {
         fold_copies<REPL>(tot, hist, TK_E);

@@ -28,6 +28,7 @@ __device__ __forceinline__ i64 legal_or_minus_one(I v, i64 upper) {
 constexpr u32 CLUSTER = 8;
 constexpr u32 COUNT_THREADS = 1024;
 constexpr u32 COUNT_BINS = 8192;  // bins of one shared histogram window (32 KiB)
+constexpr int COUNT_PAIRS = 8;    // pairs per thread in flight (128 KiB per SM; no spills at 64 registers)
 
 // This CTA's rank in its cluster.
 __device__ __forceinline__ u32 cluster_rank() {
@@ -78,11 +79,10 @@ __device__ __forceinline__ void tally(u32* hist, i64 v, i64 lo, i64 hi, u32 lane
 
 // Counts the entries in [lo, hi) with flat index < N of the pairs j = first + g + ng*r
 // (r = 0, 1, ..: thread g of ng) into hist (shared, REPL copies per bin, zeroed by the caller).
-// Four pairs per thread are loaded before they are counted.
-template <u32 REPL>
+// R pairs per thread are loaded before they are counted.
+template <u32 REPL, int R>
 __device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
                                             i64 lo, i64 hi, u64 first, u32 g, u32 ng) {
-    constexpr int R = 4;
     const u32 lane = threadIdx.x % 32;
     const u64 pairs = (N + 1) / 2;
     for (u64 j0 = first + g; j0 < pairs; j0 += (u64)ng * R) {
@@ -129,7 +129,7 @@ __device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u
     if (E <= COUNT_BINS) {
         for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
         __syncthreads();
-        count_pairs<REPL>(hist, idx, ld, K, N, flat, 0, E, 0, rank * COUNT_THREADS + threadIdx.x,
+        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, rank * COUNT_THREADS + threadIdx.x,
                           CLUSTER * COUNT_THREADS);
         if (REPL > 1) {
             __syncthreads();
@@ -148,7 +148,7 @@ __device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u
             const u64 hi = min(lo + W, (u64)E);
             for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) hist[e] = 0;
             __syncthreads();
-            count_pairs<1>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, 0, threadIdx.x, COUNT_THREADS);
+            count_pairs<1, COUNT_PAIRS>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, 0, threadIdx.x, COUNT_THREADS);
             __syncthreads();
             for (u64 e = lo + threadIdx.x; e < hi; e += COUNT_THREADS) put((u32)e, hist[e - lo]);
             __syncthreads();  // the reads finish before the next window's zeroing
