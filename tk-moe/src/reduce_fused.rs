@@ -283,9 +283,10 @@ pub use gpu::*;
 /// The GPU op (feature `cuda`).
 ///
 /// **Kernel** (`cuda/reduce_fused.cu`): one warp per token; lane `j` first computes slot `j`'s
-/// row and scalar `s = w·x_sf[p]`, then the warp sweeps the columns, each lane loading 16 bytes
-/// of every slot's row (all `K` loads in flight), accumulating with `__fmaf_rn` in slot order and
-/// storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
+/// row and scalar `s = w·x_sf[p]`, the legal slots are compacted in slot order, then the warp
+/// sweeps the columns in batches of up to 8 16-byte loads per lane in flight whatever the
+/// number of legal slots (one legal slot: 8 column vectors; eight: one vector of each),
+/// accumulating with `__fmaf_rn` in slot order and storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
 /// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3).
 ///
 /// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
