@@ -8,7 +8,7 @@
 // * tk_expand_mark: src[p] = t*K + k for every legal slot (t, k) targeting row p (one thread per
 //   slot; src is not initialised: see row_targeted in moe.cuh);
 // * tk_expand_to_fused: one warp per "task": tasks [0, T) copy token t's row to all its rows
-//   (the row is read once, written K times, TK_VEC-byte accesses, 4 in flight per lane),
+//   (the row is read once, written K times, TK_VEC-byte accesses, 8 in flight per lane),
 //   tasks [T, T + M) zero row p - T unless a slot targets it. A row is thus either copied or
 //   zeroed, never both, and every row of the output is written.
 #include "tk/moe.cuh"
@@ -37,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_expand_mark(u32* __restrict
 
 // out: (M, n) vectors, contiguous; x: (T, n) vectors, row stride ldx (vectors);
 // ttp: (T, K) i32 row stride ld_ttp; src: (M,) u32 from tk_expand_mark.
-extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused(vec_t* __restrict__ out, const vec_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused(vec_t* __restrict__ out, const vec_t* __restrict__ x,
                                                                      u64 ldx, const i32* __restrict__ ttp, u64 ld_ttp,
                                                                      const u32* __restrict__ src, u64 T, u64 M, u64 n) {
     const u32 lane = threadIdx.x % 32;
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused(vec_t* __re
                 const u32 k = g * 32 + lane;
                 pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + task * ld_ttp + k), (i64)M) : -1;
             }
-            warp_scatter_row<vec_t, 4, KG>(out, x + task * ldx, n, pos, TK_K, lane);
+            warp_scatter_row<vec_t, 8, KG>(out, x + task * ldx, n, pos, TK_K, lane);
         } else {
             const u64 p = task - T;
             if (!row_targeted(src, ttp, ld_ttp, T, TK_K, M, p)) warp_zero_row(out + p * n, n, lane);

@@ -35,7 +35,7 @@ __device__ __forceinline__ u64 osf_index(u64 p, u64 j, u64 hs, u64 ld_osf) {
 // out: (M, n) vectors, contiguous; x: (T, n) vectors, row stride ldx (vectors);
 // out_sf: storage of the logical (M, hs) scales (see osf_index); sf: (T, hs) row stride ld_sf;
 // ttp: (T, K) i32 row stride ld_ttp; src: (M,) u32 from tk_expand_mark.
-extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused_with_sf(
+extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
     vec_t* __restrict__ out, const vec_t* __restrict__ x, u64 ldx, u64 n, u32* __restrict__ out_sf,
     const u32* __restrict__ sf, u64 ld_sf, u64 hs, u64 ld_osf, const i32* __restrict__ ttp, u64 ld_ttp,
     const u32* __restrict__ src, u64 T, u64 M) {
@@ -49,11 +49,13 @@ extern "C" __global__ void __launch_bounds__(256) tk_expand_to_fused_with_sf(
                 const u32 k = g * 32 + lane;
                 pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + task * ld_ttp + k), (i64)M) : -1;
             }
-            warp_scatter_row<vec_t, 4, KG>(out, x + task * ldx, n, pos, TK_K, lane);
-            const u32* src = sf + task * ld_sf;  // (hs,) scales of token `task`
+            const u32* srow = sf + task * ld_sf;  // (hs,) scales of token `task`
+            // The first 32 scales are loaded before the data row, so their latency overlaps it.
+            const u32 first = lane < hs ? __ldg(srow + lane) : 0u;
+            warp_scatter_row<vec_t, 8, KG>(out, x + task * ldx, n, pos, TK_K, lane);
             for (u64 j0 = 0; j0 < hs; j0 += 32) {  // the whole warp iterates: shuffles need every lane
                 const u64 j = j0 + lane;
-                const u32 v = j < hs ? __ldg(src + j) : 0u;
+                const u32 v = j0 == 0 ? first : j < hs ? __ldg(srow + j) : 0u;
 #pragma unroll
                 for (int g = 0; g < KG; ++g) {
                     const u32 kn = min(32u, TK_K - g * 32);

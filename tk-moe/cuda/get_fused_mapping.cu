@@ -7,14 +7,16 @@
 // Three entries, launched in this order on one stream (the host-sync convenience reads the
 // layout's end between 2 and 3 to size the row maps):
 // 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
-//    [b*L, (b+1)*L) per expert into cnt[b, :].
+//    [b*L, (b+1)*L) per expert into cnt[b, :] (shared histogram with 32 lane copies per expert
+//    for E <= 256; each thread loads four 16-byte pairs of entries before counting them).
 // 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e],
 //    summed by up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of
 //    A_e gives expert_start; writes start, end and A_e, and turns cnt[b, e] into the first row
 //    of chunk b's entries of expert e.
 // 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
-//    order; an entry's row is base[e] + (same-expert entries in earlier warps of the tile, from
-//    per-warp counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
+//    order (the entries of 8 tiles loaded together); an entry's row is base[e] + (same-expert
+//    entries in earlier warps of the tile, from per-warp counts in shared memory) +
+//    (same-expert lanes below it, from __match_any_sync).
 //    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
 //    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
 //    e mod B) and the rows after the last segment (grid-stride).
@@ -35,16 +37,24 @@ constexpr i64 I32_MAX = 2147483647;
 
 __device__ __forceinline__ i32 sat_i32(i64 v) { return (i32)(v < I32_MAX ? v : I32_MAX); }
 
-// cnt: (B + 1, E) i32 scratch (rows 0..B written here); idx: (T, K) i64 row stride ld.
+// cnt: (B + 1, E) i32 scratch (rows 0..B written here); idx: (T, K) i64 row stride ld (flat:
+// one contiguous 16-byte aligned run). L (the chunk length) is a multiple of THREADS.
 extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __restrict__ cnt, const i64* __restrict__ idx,
-                                                                     u64 ld, u64 T, u64 L) {
-    __shared__ u32 hist[TK_E];  // (E,) counts of this chunk
-    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) hist[e] = 0;
+                                                                     u64 ld, u64 T, u64 L, u32 flat) {
+    constexpr u32 REPL = TK_E <= REPL_BINS ? 32 : 1;
+    __shared__ u32 hist[TK_E * REPL];       // (E, REPL) counts of this chunk
+    __shared__ u32 tot[REPL > 1 ? TK_E : 1];  // (E,) the folded copies (REPL > 1)
+    for (u32 i = threadIdx.x; i < TK_E * REPL; i += THREADS) hist[i] = 0;
     __syncthreads();
-    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
-    count_into(hist, idx, ld, TK_K, begin + threadIdx.x, end, THREADS, TK_E);
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
+    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, THREADS);
     __syncthreads();
-    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)hist[e];
+    if (REPL > 1) {
+        fold_copies<REPL>(tot, hist, TK_E);
+        __syncthreads();
+    }
+    const u32* sums = REPL > 1 ? tot : hist;
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)sums[e];
 }
 
 // Threads per expert in tk_fused_scan: a power of two <= 32 (one warp segment) with
@@ -91,8 +101,16 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     const bool active = e < TK_E;
     const u64 per = (B + SCAN_G - 1) / SCAN_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
     i64 local = 0;  // this thread's chunks of expert e
-    if (active)
-        for (u64 b = b0; b < b1; ++b) local += cnt[b * TK_E + e];
+    constexpr int CB = 8;  // chunk counts loaded together
+    if (active) {
+        for (u64 b = b0; b < b1; b += CB) {
+            i32 c[CB];  // (CB,) counts of chunks b ..
+#pragma unroll
+            for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+#pragma unroll
+            for (int r = 0; r < CB; ++r) local += c[r];
+        }
+    }
     i64 incl = local;  // inclusive scan within the expert's segment of SCAN_G lanes
 #pragma unroll
     for (int d = 1; d < SCAN_G; d *= 2) {
@@ -116,10 +134,15 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
         num_tokens_per_expert[e] = sat_i32(len);
     }
     i64 run = start + incl - local;
-    for (u64 b = b0; b < b1; ++b) {
-        const i32 c = cnt[b * TK_E + e];
-        cnt[b * TK_E + e] = sat_i32(run);
-        run += c;
+    for (u64 b = b0; b < b1; b += CB) {
+        i32 c[CB];  // (CB,) counts of chunks b ..
+#pragma unroll
+        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+#pragma unroll
+        for (int r = 0; r < CB; ++r) {
+            if (b + r < b1) cnt[(b + r) * TK_E + e] = sat_i32(run);
+            run += c[r];
+        }
     }
 }
 
@@ -158,34 +181,45 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32
     }
     __syncthreads();
     const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
-    for (u64 tile = begin; tile < end; tile += THREADS) {
-        const u64 i = tile + threadIdx.x;
-        const u64 t = i / TK_K, k = i % TK_K;
-        const i64 v = i < end ? legal_or_minus_one(__ldg(idx + t * ld + k), TK_E) : -1;
-        const u32 same = __match_any_sync(0xffffffffu, (unsigned long long)v);
-        const u32 below = __popc(same & ((1u << lane) - 1));
-        const bool leader = below == 0;
-        if (v >= 0 && leader) wcnt[warp][v] = __popc(same);
-        __syncthreads();
-        if (v >= 0) {
-            i64 p = running[v] + below;
-            for (u32 w = 0; w < warp; ++w) p += wcnt[w][v];
-            if (p < (i64)M) {
-                ttp[i] = (i32)p;
-                pos_to_expert[p] = (i32)v;
-                pos_to_token[p] = (i32)t;
-                pos_to_token_topk[p] = (i32)i;
-            } else {
+    constexpr int R = 8;  // tiles whose entries are loaded together
+    for (u64 t0 = begin; t0 < end; t0 += R * THREADS) {
+        i64 vs[R];  // (R,) this thread's entry of each tile
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u64 i = t0 + r * THREADS + threadIdx.x;
+            vs[r] = i < end ? legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u64 tile = t0 + r * THREADS;
+            if (tile >= end) break;  // block-uniform
+            const u64 i = tile + threadIdx.x, t = i / TK_K;
+            const i64 v = vs[r];
+            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
+            const u32 below = __popc(same & ((1u << lane) - 1));
+            const bool leader = below == 0;
+            if (v >= 0 && leader) wcnt[warp][v] = __popc(same);
+            __syncthreads();
+            if (v >= 0) {
+                i64 p = running[v] + below;
+                for (u32 w = 0; w < warp; ++w) p += wcnt[w][v];
+                if (p < (i64)M) {
+                    ttp[i] = (i32)p;
+                    pos_to_expert[p] = (i32)v;
+                    pos_to_token[p] = (i32)t;
+                    pos_to_token_topk[p] = (i32)i;
+                } else {
+                    ttp[i] = -1;
+                }
+            } else if (i < end) {
                 ttp[i] = -1;
             }
-        } else if (i < end) {
-            ttp[i] = -1;
+            __syncthreads();
+            if (v >= 0 && leader) {
+                atomicAdd(reinterpret_cast<unsigned long long*>(running + v), (unsigned long long)__popc(same));
+                wcnt[warp][v] = 0;
+            }
+            __syncthreads();
         }
-        __syncthreads();
-        if (v >= 0 && leader) {
-            atomicAdd(reinterpret_cast<unsigned long long*>(running + v), (unsigned long long)__popc(same));
-            wcnt[warp][v] = 0;
-        }
-        __syncthreads();
     }
 }

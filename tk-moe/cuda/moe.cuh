@@ -18,39 +18,141 @@ __device__ __forceinline__ i64 legal_or_minus_one(I v, i64 upper) {
     return (w >= 0 && w < upper) ? w : -1;
 }
 
-// Counts the legal entries of idx (T, K) row stride `ld` (elements) with flat index in
-// [begin, end) (step `step`) into the counters `hist` (`bins` of them, zeroed by the caller;
-// shared or global memory). Warp-aggregated atomics: the lanes holding the same id add their
-// number once (ids are few, so plain atomics would serialise on the same address). Integer
-// counts: exact and independent of the order.
-__device__ __forceinline__ void count_into(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K,
-                                           u64 begin, u64 end, u64 step, i64 bins) {
+// ----- one-launch exact histograms (aux_fi, group_count) on a thread-block cluster ----------
+//
+// CLUSTER CTAs of COUNT_THREADS threads (compile-time cluster dims, sm_90+: one ordinary launch
+// of CLUSTER blocks). Each CTA counts its share of the entries into a shared-memory histogram;
+// a cluster barrier publishes them and each bin's total is summed from the CTAs' histograms
+// through distributed shared memory. No zeroed global memory, no memset, no global atomics:
+// the integer totals are exact, so the result does not depend on any order.
+constexpr u32 CLUSTER = 8;
+constexpr u32 COUNT_THREADS = 1024;
+constexpr u32 COUNT_BINS = 8192;  // bins of one shared histogram window (32 KiB)
+constexpr int COUNT_PAIRS = 8;    // pairs per thread in flight (128 KiB per SM; no spills at 64 registers)
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Barrier of every thread of the cluster (release / acquire at cluster scope: shared and global
+// writes before it are visible to every CTA of the cluster after it).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// The u32 at `p` (this CTA's shared memory address) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ u32 ld_cluster_u32(const u32* p, u32 rank) {
+    const u32 local = (u32)__cvta_generic_to_shared(p);
+    u32 remote, v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// Entries 2j and 2j + 1 of the flat (T*K = N entries) view of idx (row stride ld), -1 past the
+// end. flat: idx is one contiguous, 16-byte aligned run (one 16-byte load per pair).
+__device__ __forceinline__ void load_pair(const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat, u64 j,
+                                          i64& a, i64& b) {
+    const u64 i = 2 * j;
+    a = b = -1;
+    if (i >= N) return;
+    if (flat && i + 1 < N) {
+        const longlong2 v = __ldg(reinterpret_cast<const longlong2*>(idx) + j);
+        a = v.x;
+        b = v.y;
+        return;
+    }
+    a = __ldg(idx + (i / K) * ld + i % K);
+    if (i + 1 < N) b = __ldg(idx + ((i + 1) / K) * ld + (i + 1) % K);
+}
+
+// Adds 1 to the count of bin v - lo for an entry v in [lo, hi): hist holds REPL copies of each
+// bin, lane l of every warp adding to copy l % REPL (with 32 copies the lanes of a warp never
+// hit the same address, whatever the ids: no serialised shared atomics when the ids are few).
+template <u32 REPL>
+__device__ __forceinline__ void tally(u32* hist, i64 v, i64 lo, i64 hi, u32 lane) {
+    if (v >= lo && v < hi) atomicAdd(hist + (u64)(v - lo) * REPL + lane % REPL, 1u);
+}
+
+// Counts the entries in [lo, hi) with flat index < N of the pairs j = first + g + ng*r
+// (r = 0, 1, ..: thread g of ng) into hist (shared, REPL copies per bin, zeroed by the caller).
+// R pairs per thread are loaded before they are counted.
+template <u32 REPL, int R>
+__device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                            i64 lo, i64 hi, u64 first, u32 g, u32 ng) {
     const u32 lane = threadIdx.x % 32;
-    for (u64 i = begin; i < end; i += step) {
-        const u64 t = i / K, k = i % K;
-        const i64 v = legal_or_minus_one(__ldg(idx + t * ld + k), bins);
-        const u32 peers = __match_any_sync(__activemask(), (unsigned long long)v);
-        if (v >= 0 && lane == (u32)(__ffs(peers) - 1)) atomicAdd(hist + v, (u32)__popc(peers));
+    const u64 pairs = (N + 1) / 2;
+    for (u64 j0 = first + g; j0 < pairs; j0 += (u64)ng * R) {
+        i64 a[R], b[R];  // (R,) pairs of entries
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + (u64)r * ng, a[r], b[r]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            tally<REPL>(hist, a[r], lo, hi, lane);
+            tally<REPL>(hist, b[r], lo, hi, lane);
+        }
     }
 }
 
-// Grid-wide histogram of the legal entries of idx (T, K) (row stride ld) into the global
-// counters `counts` (`bins` of them, zeroed by the host): each block counts a grid-stride share
-// of the flat indices into `hist` (shared memory when SMEM, then one global atomic per non-zero
-// bin; global atomics directly otherwise). Integer atomics: exact and order-independent.
-template <bool SMEM>
-__device__ __forceinline__ void histogram(u32* __restrict__ counts, u32* hist, const i64* __restrict__ idx, u64 ld,
-                                          u64 T, u32 K, i64 bins) {
-    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
-    if (SMEM) {
-        for (i64 e = threadIdx.x; e < bins; e += blockDim.x) hist[e] = 0;
+// Bins up to which histograms keep 32 lane copies per bin (32 KiB of shared memory).
+constexpr u32 REPL_BINS = 256;
+
+// Folds the REPL copies of each of the `bins` bins of hist into sums (shared; block-wide, the
+// caller synchronises before and after). Rotated reads: no bank conflicts.
+template <u32 REPL>
+__device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins) {
+    for (u32 e = threadIdx.x; e < bins; e += blockDim.x) {
+        u32 c = 0;
+#pragma unroll
+        for (u32 l = 0; l < REPL; ++l) c += hist[e * REPL + (l + e) % REPL];
+        sums[e] = c;
+    }
+}
+
+// The exact count c_e of the entries equal to e of idx (T, K) row stride ld (N = T*K entries),
+// for every e in [0, E): calls put(e, c_e) once per bin, from some thread of the cluster.
+// E <= COUNT_BINS: the CTAs split the entries; each CTA's histogram (32 lane copies per bin for
+// E <= REPL_BINS, folded into `tot` after counting) is summed over the cluster's CTAs. Larger E: the
+// CTAs split the bins in windows of COUNT_BINS, each scanning every entry.
+template <u32 E, class Put>
+__device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                                  Put put) {
+    constexpr u32 W = E < COUNT_BINS ? E : COUNT_BINS;
+    constexpr u32 REPL = E <= REPL_BINS ? 32 : 1;
+    __shared__ u32 hist[W * REPL];            // (W, REPL) this CTA's counts of a window of bins
+    __shared__ u32 tot[REPL > 1 ? W : 1];     // (W,) the folded copies (REPL > 1)
+    u32* const sums = REPL > 1 ? tot : hist;  // (W,) this CTA's count per bin
+    const u32 rank = cluster_rank();
+    if (E <= COUNT_BINS) {
+        for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
         __syncthreads();
-        count_into(hist, idx, ld, K, first, T * K, step, bins);
-        __syncthreads();
-        for (i64 e = threadIdx.x; e < bins; e += blockDim.x)
-            if (hist[e]) atomicAdd(counts + e, hist[e]);
+        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, rank * COUNT_THREADS + threadIdx.x,
+                          CLUSTER * COUNT_THREADS);
+        if (REPL > 1) {
+            __syncthreads();
+            fold_copies<REPL>(tot, hist, W);
+        }
+        cluster_sync();  // every CTA's counts are complete and visible to the cluster
+        for (u32 e = rank * COUNT_THREADS + threadIdx.x; e < E; e += CLUSTER * COUNT_THREADS) {
+            u32 c = 0;
+#pragma unroll
+            for (u32 q = 0; q < CLUSTER; ++q) c += ld_cluster_u32(sums + e, q);
+            put(e, c);
+        }
+        cluster_sync();  // no CTA exits (its shared memory) before every remote read is done
     } else {
-        count_into(counts, idx, ld, K, first, T * K, step, bins);
+        for (u64 lo = (u64)rank * W; lo < E; lo += (u64)CLUSTER * W) {
+            const u64 hi = min(lo + W, (u64)E);
+            for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) hist[e] = 0;
+            __syncthreads();
+            count_pairs<1, COUNT_PAIRS>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, 0, threadIdx.x, COUNT_THREADS);
+            __syncthreads();
+            for (u64 e = lo + threadIdx.x; e < hi; e += COUNT_THREADS) put((u32)e, hist[e - lo]);
+            __syncthreads();  // the reads finish before the next window's zeroing
+        }
     }
 }
 

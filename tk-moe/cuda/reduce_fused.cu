@@ -6,10 +6,18 @@
 // the input dtype), TK_W (columns per lane access: 16 bytes of input, or 1), TK_K (slots),
 // TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given).
 //
-// One warp per token: lane j of slot group g first computes (p, s) of slot 32g + j; then the
-// warp sweeps the columns TK_W at a time, each lane loading the K rows' vectors (batches of up
-// to 16 predicated loads in flight), accumulating, converting and storing its TK_W outputs. The arithmetic uses explicit
-// __fmaf_rn / __fmul_rn so that no contraction or reassociation can change the bits.
+// One warp per token (4 per block, 5 blocks per SM at <= 96 registers: 20 warps). Lane j of
+// slot group g first reads slot 32g + j; the group's legal slots are then compacted in slot
+// order (lane r holds the r-th legal slot's row p and scalar s), so the sweep touches only the
+// rows that count (a skipped slot never changes acc, so the FMA order is the spec's). The warp
+// sweeps the columns in batches of SB compacted slots x U column vectors (16 bytes) per lane,
+// SB the smallest power of two >= the token's legal slots (capped at LOADS = 8) and
+// U = min(LOADS / SB, 64 / TK_W) (at most 64 accumulators per lane): a token with one legal
+// slot keeps 8 16-byte loads per lane in flight instead of one (4 KB per warp, 80 KB per SM),
+// so the bytes in flight no longer shrink with the legal slots per token (~1.3 of 6 on the
+// EP8 benchmark). All loads of a batch are issued before its FMAs, which run in slot order.
+// The arithmetic uses explicit __fmaf_rn / __fmul_rn so that no contraction or reassociation
+// can change the bits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -49,9 +57,11 @@ __device__ __forceinline__ out_t from_f32(float v) { return __float2half_rn(v); 
 
 typedef tk::uint_of_size<TK_W * sizeof(in_t)>::type in_vec_t;    // TK_W inputs
 typedef tk::uint_of_size<TK_W * sizeof(out_t)>::type out_vec_t;  // TK_W outputs
-constexpr int WARPS = 8;
+constexpr int WARPS = 4;          // tokens per block (one per warp)
+constexpr int BLOCKS_PER_SM = 5;  // launch bounds: <= 96 registers, 20 warps per SM
 constexpr int KG = (TK_K + 31) / 32;
-constexpr int SB = TK_K < 16 ? TK_K : 16;  // slots per load batch
+constexpr int LOADS = 8;     // vector loads per lane in flight
+constexpr int MAX_ACC = 64;  // fp32 accumulators per lane at most (U * TK_W): no spills at 96 registers
 
 union InVec {
     in_vec_t raw;
@@ -62,73 +72,125 @@ union OutVec {
     out_t e[TK_W];
 };
 
-// out: (T, n) output vectors, contiguous; x: (M, n) input vectors, row stride ldx (vectors);
-// x_sf: (M,) fp32 stride ld_xsf; w: (T, K) fp32 row stride ld_w; ttp: (T, K) i32 row stride
-// ld_ttp; sf: (1,) fp32. n = H / TK_W.
-extern "C" __global__ void __launch_bounds__(256) tk_reduce_fused(out_vec_t* __restrict__ out, const in_vec_t* __restrict__ x,
-                                                                  u64 ldx, const float* __restrict__ x_sf, u64 ld_xsf,
-                                                                  const float* __restrict__ w, u64 ld_w,
-                                                                  const i32* __restrict__ ttp, u64 ld_ttp,
-                                                                  const float* __restrict__ sf, u64 T, u64 M, u64 n) {
-    const u32 lane = threadIdx.x % 32;
-    for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < T; t += (u64)gridDim.x * WARPS) {
-        i64 pos[KG];    // lane j of group g: the row of slot 32g + j, or -1
-        float scl[KG];  // and its scalar s
+// The sweep of one token's columns with batches of SB compacted slots x U column vectors per
+// lane. pos/scl: lane r of group g holds the row and scalar of the group's r-th
+// legal slot; nv[g]: the group's legal slots (warp-uniform). ONE: the token has one slot group
+// and at most SB legal slots, so each column block is one batch (no loop between the loads and
+// the stores: ptxas keeps only the loads and one vector's accumulators live). out_row: (n,)
+// output vectors of the token.
+template <int SB, bool ONE>
+__device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_vec_t* __restrict__ x, u64 ldx,
+                                      const i32 (&pos)[KG], const float (&scl)[KG], const u32 (&nv)[KG],
+                                      float gsf, u64 n, u32 lane) {
+    constexpr int U = LOADS / SB < MAX_ACC / TK_W ? LOADS / SB : MAX_ACC / TK_W;
+    constexpr int G = ONE ? 1 : KG;
+    for (u64 b = 0; b < n; b += 32 * U) {  // the whole warp iterates: shuffles need every lane
+        float acc[U][TK_W];  // (U, TK_W) columns b + 32u + lane
 #pragma unroll
-        for (int g = 0; g < KG; ++g) {
-            const u32 k = g * 32 + lane;
-            pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + t * ld_ttp + k), (i64)M) : -1;
-            float s = 1.0f;
-#if TK_WEIGHTS
-            if (pos[g] >= 0) s = __ldg(w + t * ld_w + k);
-#endif
-#if TK_XSF
-            if (pos[g] >= 0) s = __fmul_rn(s, __ldg(x_sf + pos[g] * ld_xsf));
-#endif
-            scl[g] = s;
-        }
-#if TK_SF
-        const float gsf = __ldg(sf);
-#endif
-        for (u64 b = 0; b < n; b += 32) {  // the whole warp iterates: shuffles need every lane
-            const u64 c = b + lane;
-            float acc[TK_W];
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int i = 0; i < TK_W; ++i) acc[i] = 0.0f;
-            // Batches of SB slots: all SB loads are issued (predicated) before the FMAs, which
-            // then run in slot order; a skipped slot leaves acc untouched.
+            for (int i = 0; i < TK_W; ++i) acc[u][i] = 0.0f;
 #pragma unroll
-            for (int k0 = 0; k0 < TK_K; k0 += SB) {
-                i64 p[SB];
+        for (int g = 0; g < G; ++g) {
+            for (u32 j0 = 0; ONE ? j0 == 0 : j0 < nv[g]; j0 += SB) {  // warp-uniform (one batch when ONE)
+                i32 p[SB];
                 float s[SB];
-                in_vec_t v[SB];  // (SB,) vectors of TK_W inputs
+                in_vec_t v[SB][U];  // (SB, U) vectors of TK_W inputs
 #pragma unroll
                 for (int j = 0; j < SB; ++j) {
-                    const int k = k0 + j;
-                    p[j] = k < TK_K ? __shfl_sync(0xffffffffu, pos[k / 32], k % 32) : -1;
-                    s[j] = k < TK_K ? __shfl_sync(0xffffffffu, scl[k / 32], k % 32) : 0.0f;
-                    v[j] = (p[j] >= 0 && c < n) ? __ldg(x + (u64)p[j] * ldx + c) : in_vec_t{};
+                    p[j] = __shfl_sync(0xffffffffu, pos[g], (j0 + j) % 32);
+                    s[j] = __shfl_sync(0xffffffffu, scl[g], (j0 + j) % 32);
+                    if (j0 + j >= nv[g]) p[j] = -1;
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const u64 c = b + u * 32 + lane;
+                        v[j][u] = (p[j] >= 0 && c < n) ? __ldg(x + (u64)p[j] * ldx + c) : in_vec_t{};
+                    }
                 }
 #pragma unroll
                 for (int j = 0; j < SB; ++j) {
-                    if (p[j] < 0) continue;
-                    InVec u;
-                    u.raw = v[j];
+                    // With one slot in a single batch, acc is +0 here and a skipped slot loaded
+                    // +0 with s = 0 (lanes >= nv hold 0): fma(+0, 0, +0) = +0 leaves acc as
+                    // skipping would, so the FMA runs unconditionally (no branch keeping acc
+                    // live). Elsewhere acc may be -0, which fma(+0, 0, acc) would turn into +0.
+                    if (!(SB == 1 && ONE) && p[j] < 0) continue;
 #pragma unroll
-                    for (int i = 0; i < TK_W; ++i) acc[i] = __fmaf_rn(to_f32(u.e[i]), s[j], acc[i]);
+                    for (int u = 0; u < U; ++u) {
+                        InVec e;
+                        e.raw = v[j][u];
+#pragma unroll
+                        for (int i = 0; i < TK_W; ++i) acc[u][i] = __fmaf_rn(to_f32(e.e[i]), s[j], acc[u][i]);
+                    }
                 }
+                if (ONE) break;
             }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u64 c = b + u * 32 + lane;
             if (c >= n) continue;
             OutVec o;
 #pragma unroll
-            for (int i = 0; i < TK_W; ++i) {
-#if TK_SF
-                o.e[i] = from_f32(__fmul_rn(acc[i], gsf));
-#else
-                o.e[i] = from_f32(acc[i]);
-#endif
-            }
-            out[t * n + c] = o.raw;
+            for (int i = 0; i < TK_W; ++i) o.e[i] = from_f32(TK_SF ? __fmul_rn(acc[u][i], gsf) : acc[u][i]);
+            out_row[c] = o.raw;
         }
+    }
+}
+
+// out: (T, n) output vectors, contiguous; x: (M, n) input vectors, row stride ldx (vectors);
+// x_sf: (M,) fp32 stride ld_xsf; w: (T, K) fp32 row stride ld_w; ttp: (T, K) i32 row stride
+// ld_ttp; sf: (1,) fp32. n = H / TK_W.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
+    tk_reduce_fused(out_vec_t* __restrict__ out, const in_vec_t* __restrict__ x, u64 ldx, const float* __restrict__ x_sf,
+                    u64 ld_xsf, const float* __restrict__ w, u64 ld_w, const i32* __restrict__ ttp, u64 ld_ttp,
+                    const float* __restrict__ sf, u64 T, u64 M, u64 n) {
+    const u32 lane = threadIdx.x % 32;
+    const float gsf = TK_SF ? __ldg(sf) : 1.0f;
+    __shared__ i32 cpos[WARPS][32];    // (WARPS, 32) per warp: the compacted rows of a group
+    __shared__ float cscl[WARPS][32];  // (WARPS, 32) and scalars
+    i32* my_pos = cpos[threadIdx.x / 32];
+    float* my_scl = cscl[threadIdx.x / 32];
+    for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < T; t += (u64)gridDim.x * WARPS) {
+        i32 pos[KG];    // lane r of group g: the row of the group's r-th legal slot
+        float scl[KG];  // and its scalar s
+        u32 nv[KG];     // legal slots of group g (warp-uniform)
+        u32 total = 0;
+#pragma unroll
+        for (int g = 0; g < KG; ++g) {
+            const u32 k = g * 32 + lane;
+            const i32 q = k < TK_K ? (i32)legal_or_minus_one(__ldg(ttp + t * ld_ttp + k), (i64)M) : -1;
+            float s = 1.0f;
+#if TK_WEIGHTS
+            if (q >= 0) s = __ldg(w + t * ld_w + k);
+#endif
+#if TK_XSF
+            if (q >= 0) s = __fmul_rn(s, __ldg(x_sf + (u64)q * ld_xsf));
+#endif
+            const u32 legal = __ballot_sync(0xffffffffu, q >= 0);
+            nv[g] = __popc(legal);
+            total += nv[g];
+            // Compaction in slot order: the legal slot of rank r (legal lanes below it) goes to
+            // lane r through the warp's shared row; lanes >= nv[g] keep -1 (never read).
+            if (q >= 0) {
+                const u32 r = __popc(legal & ((1u << lane) - 1u));
+                my_pos[r] = q;
+                my_scl[r] = s;
+            }
+            __syncwarp();
+            pos[g] = lane < nv[g] ? my_pos[lane] : -1;
+            scl[g] = lane < nv[g] ? my_scl[lane] : 0.0f;
+            __syncwarp();  // the reads finish before the next group's writes
+        }
+        out_vec_t* out_row = out + t * n;  // (n,) output vectors of token t
+        if (KG == 1 && total <= 1)
+            sweep<1, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+        else if (KG == 1 && total <= 2)
+            sweep<2, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+        else if (KG == 1 && total <= 4)
+            sweep<4, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+        else if (KG == 1 && total <= LOADS)
+            sweep<LOADS, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+        else
+            sweep<LOADS, false>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
     }
 }

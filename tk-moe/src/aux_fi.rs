@@ -83,9 +83,9 @@ impl AuxFiParams {
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
-/// The GPU op (feature `cuda`). **Kernel** (`cuda/aux_fi.cu`): a `(E + 1,)` int32 scratch is
-/// zeroed (one memset), the ids are counted exactly as in `group_count`, and the last block to
-/// finish (a ticket counter) applies the formula once per expert: `fp32(c_e·E)` (one RNE
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/aux_fi.cu`): one launch, no memset: the ids
+/// are counted exactly as in `group_count` (one thread-block cluster, shared-memory histograms
+/// summed through distributed shared memory), and the formula is applied once per expert: `fp32(c_e·E)` (one RNE
 /// conversion of the exact 64-bit product) divided (`__fdiv_rn`) by `fp32(T·num_aux_topk)`
 /// computed on the host. Bit-exact with the CPU reference and identical run to run, whatever
 /// the grid. Illegal entries are skipped (read as `-1`). No host sync.
@@ -97,14 +97,12 @@ pub use gpu::*;
 mod gpu {
     use cudarc::driver::PushKernelArg;
     use tk_core::error::DriverContext;
-    use tk_core::{
-        DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError,
-    };
+    use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
     use super::AuxFiParams;
     use crate::checks::check_flat_fits_i32;
-    use crate::gpu::{check_device, check_out, config, row_stride, zero_fill, HEADERS, THREADS};
-    use crate::group_count::count::{count_blocks, SMEM_BINS};
+    use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
+    use crate::group_count::count::{check_bins, launch_config};
 
     static SOURCE: KernelSource = KernelSource {
         file: "aux_fi.cu",
@@ -116,9 +114,7 @@ mod gpu {
 
     /// The kernel for `num_experts` experts.
     pub fn kernel_spec(num_experts: usize) -> KernelSpec {
-        KernelSpec::new(&SOURCE)
-            .define("TK_E", num_experts)
-            .define("TK_SMEM", (num_experts <= SMEM_BINS) as u8)
+        KernelSpec::new(&SOURCE).define("TK_E", num_experts)
     }
 
     /// Representative specialisations (the moe12 local expert counts), for compile checks and
@@ -143,8 +139,8 @@ mod gpu {
 
     /// [`aux_fi`] into a caller-provided contiguous `f (E,)` fp32.
     ///
-    /// Errors: as [`aux_fi`], and [`TkError::Shape`] / [`TkError::Stride`] /
-    /// [`TkError::Placement`] naming `out`.
+    /// Errors: as [`aux_fi`], and [`tk_core::TkError::Shape`] /
+    /// [`tk_core::TkError::Stride`] / [`tk_core::TkError::Placement`] naming `out`.
     pub fn aux_fi_into(
         topk_idx: &DeviceView<'_, i64>,
         params: &AuxFiParams,
@@ -153,36 +149,28 @@ mod gpu {
         let (t, k) = params.validate(topk_idx.layout())?;
         check_flat_fits_i32("topk_idx", t, k)?;
         let e = params.num_experts;
-        if e > i32::MAX as usize {
-            return Err(TkError::param(
-                "num_experts",
-                format!("must be <= {} on the GPU, got {e}", i32::MAX),
-            ));
-        }
+        check_bins("num_experts", e)?;
         let dev = topk_idx.device();
         check_device("out", dev, out.device())?;
         check_out("out", out.layout(), &[e])?;
-        let mut scratch = dev.alloc::<i32>(&[e + 1])?;
-        zero_fill(&mut scratch.view_mut())?;
         let f = dev.function(&kernel_spec(e))?;
-        let (f_addr, counts) = (out.address(), scratch.view_mut().address());
+        let f_addr = out.address();
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
-        let (t64, k32) = (t as u64, k as u32);
+        let (t64, k32, flat) = (t as u64, k as u32, flat_entries(topk_idx));
         // fp32(T·num_aux_topk), rounded once as the CPU reference does (0 when T == 0: unused).
         let den = (t as u128 * params.num_aux_topk as u128) as f32;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&f_addr)
-            .arg(&counts)
             .arg(&idx)
             .arg(&ld)
             .arg(&t64)
             .arg(&k32)
+            .arg(&flat)
             .arg(&den);
-        // SAFETY: the kernel reads topk_idx[t, k] for t < T, k < K (the validated view), adds
-        // to counts[0..=E] (the (E + 1,) scratch, freed in stream order) and the last block
-        // writes f[0..E] (the checked (E,) output).
-        unsafe { l.launch(config(count_blocks(t * k, dev.props().sm_count), THREADS)) }
-            .ctx("launching tk_aux_fi")?;
+        // SAFETY: the kernel reads topk_idx[t, k] for t < T, k < K (the validated view; pairs
+        // with one 16-byte load only when `flat` says the entries are one aligned run) and
+        // writes f[e] for every 0 <= e < E (the checked (E,) output).
+        unsafe { l.launch(launch_config()) }.ctx("launching tk_aux_fi")?;
         Ok(())
     }
 }

@@ -307,7 +307,7 @@ mod gpu {
     use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
 
     use super::{FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams};
-    use crate::gpu::{check_device, check_out, config, row_stride, HEADERS, THREADS};
+    use crate::gpu::{check_device, check_out, config, flat_entries, row_stride, HEADERS, THREADS};
 
     const CODE: &str = include_str!("../cuda/get_fused_mapping.cu");
 
@@ -498,8 +498,15 @@ mod gpu {
             out.num_tokens_per_expert.view_mut().address(),
         );
         let mut l = dev.stream().launch_builder(&count);
-        l.arg(&cnt_addr).arg(&idx).arg(&ld).arg(&t64).arg(&l64);
+        let flat = flat_entries(topk_idx);
+        l.arg(&cnt_addr)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&l64)
+            .arg(&flat);
         // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view
+        // (pairs with one 16-byte load only when `flat` says the entries are one aligned run)
         // and writes cnt[b, 0..E] of the (B + 1, E) scratch.
         unsafe { l.launch(config(nb as u32, THREADS)) }.ctx("launching tk_fused_count")?;
         let mut l = dev.stream().launch_builder(&scan);

@@ -1,9 +1,8 @@
 //! Launch plumbing shared by the GPU ops (feature `cuda`): the crate's kernel headers, output
-//! and placement checks, grid sizes, access widths and stream-ordered zero fills.
+//! and placement checks, grid sizes and access widths.
 
 use cudarc::driver::LaunchConfig;
-use tk_core::error::DriverContext;
-use tk_core::{Device, DeviceViewMut, Element, Layout, Result, TkError};
+use tk_core::{Device, DeviceView, Layout, Result, TkError};
 
 /// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
 pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
@@ -75,20 +74,10 @@ pub(crate) fn access_bytes(parts: &[u64]) -> usize {
         .unwrap_or(1) as usize
 }
 
-/// Enqueues a zero fill of the elements of the contiguous view `v` (a stream-ordered memset:
-/// no host synchronisation, capturable in a CUDA graph).
-pub(crate) fn zero_fill<T: Element>(v: &mut DeviceViewMut<'_, T>) -> Result<()> {
-    debug_assert!(v.layout().is_contiguous());
-    let bytes = v.layout().numel() * std::mem::size_of::<T>();
-    if bytes == 0 {
-        return Ok(());
-    }
-    let dev = v.device();
-    let ptr = v.address();
-    // SAFETY: `v` is a contiguous view, checked to lie inside its buffer when it was made, so
-    // the `bytes` bytes from its first element belong to that buffer, which outlives the
-    // stream-ordered memset (frees are ordered on the same stream).
-    #[allow(unsafe_code)]
-    unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, dev.stream().cu_stream()) }
-        .ctx("cuMemsetD8Async")
+/// The `flat` argument of the kernels reading an index tensor `idx (T, K)` in pairs of entries
+/// (`moe.cuh` `load_pair`): 1 when its entries are one contiguous run starting on a 16-byte
+/// boundary (one 16-byte load per pair), else 0.
+pub(crate) fn flat_entries(idx: &DeviceView<'_, i64>) -> u32 {
+    let (t, k) = (idx.shape()[0], idx.shape()[1]);
+    ((t <= 1 || row_stride(idx.layout()) == k as u64) && idx.address() % 16 == 0) as u32
 }

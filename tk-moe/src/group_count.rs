@@ -48,24 +48,46 @@ impl GroupCountParams {
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
-/// Launch plumbing shared by `group_count` and `aux_fi` (both count ids into `bins` counters).
+/// Launch plumbing shared by `group_count` and `aux_fi` (both count ids into `bins` counters
+/// with `moe.cuh`'s `cluster_histogram`).
 #[cfg(feature = "cuda")]
 pub(crate) mod count {
-    /// Bins up to which the block histograms live in shared memory (32 KiB).
-    pub(crate) const SMEM_BINS: usize = 8192;
+    use cudarc::driver::LaunchConfig;
+    use tk_core::{Result, TkError};
 
-    /// Blocks of the counting grid for `n` entries: enough for 8 entries per thread, at most
-    /// two per SM (as upstream).
-    pub(crate) fn count_blocks(n: usize, sms: u32) -> u32 {
-        crate::gpu::blocks(n, 8 * crate::gpu::THREADS as usize).min(2 * sms.max(1))
+    use crate::gpu::config;
+
+    /// CTAs of the counting cluster (the kernels' `CLUSTER`).
+    const CLUSTER: u32 = 8;
+    /// Threads per CTA (the kernels' `COUNT_THREADS`).
+    const COUNT_THREADS: u32 = 1024;
+
+    /// The launch of a counting kernel: one thread-block cluster (its size is compiled in).
+    pub(crate) fn launch_config() -> LaunchConfig {
+        config(CLUSTER, COUNT_THREADS)
+    }
+
+    /// The GPU limit on the bin count `bins` (the argument `arg`): `<= i32::MAX`.
+    pub(crate) fn check_bins(arg: &'static str, bins: usize) -> Result<()> {
+        if bins > i32::MAX as usize {
+            return Err(TkError::param(
+                arg,
+                format!("must be <= {} on the GPU, got {bins}", i32::MAX),
+            ));
+        }
+        Ok(())
     }
 }
 
-/// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): the output is zeroed by a
-/// stream-ordered memset, then up to two blocks per SM count a grid-stride share of the entries
-/// into a shared-memory histogram (for `G <= 8192`; global atomics beyond) and add it to the
-/// output. Integer atomics: exact and deterministic. Illegal entries are skipped (read as
-/// `-1`). No host sync.
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): one launch of one
+/// thread-block cluster of 8 CTAs × 1024 threads; each CTA counts a share of the entries into a
+/// shared-memory histogram, and after a cluster barrier each bin's total is summed from the 8
+/// histograms through distributed shared memory and written (zeros included: no memset). For
+/// `G > 8192` the CTAs split the bins in windows of 8192 instead. Exact and deterministic (no
+/// global atomics). Illegal entries are skipped (read as `-1`). No host sync.
+///
+/// GPU limit beyond [`GroupCountParams::validate`]: `G <= i32::MAX` ([`TkError::Param`] naming
+/// `num_groups`).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -73,9 +95,9 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
-    use super::count::{count_blocks, SMEM_BINS};
+    use super::count::{check_bins, launch_config};
     use super::GroupCountParams;
-    use crate::gpu::{check_device, check_out, config, row_stride, zero_fill, HEADERS, THREADS};
+    use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
 
     static SOURCE: KernelSource = KernelSource {
         file: "group_count.cu",
@@ -87,9 +109,7 @@ mod gpu {
 
     /// The kernel for `num_groups` bins.
     pub fn kernel_spec(num_groups: usize) -> KernelSpec {
-        KernelSpec::new(&SOURCE)
-            .define("TK_G", num_groups)
-            .define("TK_SMEM", (num_groups <= SMEM_BINS) as u8)
+        KernelSpec::new(&SOURCE).define("TK_G", num_groups)
     }
 
     /// Representative specialisations (the moe12 local expert counts), for compile checks and
@@ -122,23 +142,25 @@ mod gpu {
         out: &mut DeviceViewMut<'_, i32>,
     ) -> Result<()> {
         let (t, k) = params.validate(group_idx.layout())?;
+        check_bins("num_groups", params.num_groups)?;
         let dev = group_idx.device();
         check_device("out", dev, out.device())?;
         check_out("out", out.layout(), &[params.num_groups])?;
-        zero_fill(out)?;
-        if t * k == 0 {
-            return Ok(());
-        }
         let f = dev.function(&kernel_spec(params.num_groups))?;
         let counts = out.address();
         let (idx, ld) = (group_idx.address(), row_stride(group_idx.layout()));
-        let (t64, k32) = (t as u64, k as u32);
+        let (t64, k32, flat) = (t as u64, k as u32, flat_entries(group_idx));
         let mut l = dev.stream().launch_builder(&f);
-        l.arg(&counts).arg(&idx).arg(&ld).arg(&t64).arg(&k32);
-        // SAFETY: the kernel reads group_idx[t, k] for t < T, k < K (the validated view) and
-        // adds to counts[g] only for 0 <= g < G (the checked (G,) output); T·K <= i32::MAX.
-        unsafe { l.launch(config(count_blocks(t * k, dev.props().sm_count), THREADS)) }
-            .ctx("launching tk_group_count")?;
+        l.arg(&counts)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&k32)
+            .arg(&flat);
+        // SAFETY: the kernel reads group_idx[t, k] for t < T, k < K (the validated view; pairs
+        // with one 16-byte load only when `flat` says the entries are one aligned run) and
+        // writes counts[g] for every 0 <= g < G (the checked (G,) output); T·K <= i32::MAX.
+        unsafe { l.launch(launch_config()) }.ctx("launching tk_group_count")?;
         Ok(())
     }
 }

@@ -197,6 +197,9 @@ mod gpu {
             params.num_tp_ranks as i64,
             params.tp_rank as i64,
         );
+        // 32-bit arithmetic when every value fits (ids < n, r·tp).
+        let narrow = (n <= u32::MAX as i64
+            && r.checked_mul(tp).is_some_and(|p| p <= u32::MAX as i64)) as u32;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&o)
             .arg(&i)
@@ -205,7 +208,8 @@ mod gpu {
             .arg(&n)
             .arg(&r)
             .arg(&tp)
-            .arg(&rank);
+            .arg(&rank)
+            .arg(&narrow);
         // SAFETY: thread i < T·K reads indices[i / K, i % K] (the validated view) and writes
         // out[i] (the checked contiguous (T, K) output); the buffers outlive the launch.
         unsafe { l.launch(config(blocks(t * k, THREADS as usize), THREADS)) }

@@ -47,7 +47,9 @@ mod gpu {
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
     use super::NormalizeWeightParams;
-    use crate::gpu::{blocks, check_device, check_out, config, row_stride, HEADERS, ROW_THREADS};
+    use crate::gpu::{
+        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, ROW_THREADS,
+    };
 
     static SOURCE: KernelSource = KernelSource {
         file: "normalize_weight.cu",
@@ -108,10 +110,13 @@ mod gpu {
             row_stride(topk_weights.layout()),
             t as u64,
         );
+        // 16-byte row accesses when every row of w and of out starts on a 16-byte boundary.
+        let vec = (k % 4 == 0 && access_bytes(&[w, ld * 4, out]) == 16) as u32;
         let mut l = dev.stream().launch_builder(&f);
-        l.arg(&den).arg(&out).arg(&w).arg(&ld).arg(&t64);
-        // SAFETY: thread t < T reads w[t, 0..K] (the validated view) and writes den[t] and
-        // out[t, 0..K] (checked contiguous outputs); the buffers outlive the launch.
+        l.arg(&den).arg(&out).arg(&w).arg(&ld).arg(&t64).arg(&vec);
+        // SAFETY: thread t < T reads w[t, 0..K] (the validated view; 16-byte vectors only when
+        // `vec` says every row is aligned and K % 4 == 0) and writes den[t] and out[t, 0..K]
+        // (checked contiguous outputs); the buffers outlive the launch.
         unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
             .ctx("launching tk_normalize_weight")?;
         Ok(())

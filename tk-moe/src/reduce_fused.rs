@@ -283,9 +283,10 @@ pub use gpu::*;
 /// The GPU op (feature `cuda`).
 ///
 /// **Kernel** (`cuda/reduce_fused.cu`): one warp per token; lane `j` first computes slot `j`'s
-/// row and scalar `s = w·x_sf[p]`, then the warp sweeps the columns, each lane loading 16 bytes
-/// of every slot's row (all `K` loads in flight), accumulating with `__fmaf_rn` in slot order and
-/// storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
+/// row and scalar `s = w·x_sf[p]`, the legal slots are compacted in slot order, then the warp
+/// sweeps the columns in batches of up to 8 16-byte loads per lane in flight whatever the
+/// number of legal slots (one legal slot: 8 column vectors; eight: one vector of each),
+/// accumulating with `__fmaf_rn` in slot order and storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
 /// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3).
 ///
 /// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
@@ -301,9 +302,7 @@ mod gpu {
     };
 
     use super::{ReduceElement, ReduceFusedParams, ReduceFusedTensors, ReduceOut};
-    use crate::gpu::{
-        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, THREADS,
-    };
+    use crate::gpu::{access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS};
 
     static SOURCE: KernelSource = KernelSource {
         file: "reduce_fused.cu",
@@ -312,6 +311,9 @@ mod gpu {
         headers: HEADERS,
         needs_cuda_headers: true,
     };
+
+    /// Tokens per block of `tk_reduce_fused` (one warp each; the kernel's `WARPS`).
+    const TOKENS_PER_BLOCK: usize = 4;
 
     /// The device tensor arguments of `reduce_fused`: [`ReduceFusedTensors`] of device views.
     pub type DeviceReduceFusedInputs<'a, T> =
@@ -527,8 +529,13 @@ mod gpu {
         // contiguous; absent tensors (null) are never read (their specialisation flag is 0); the
         // access width divides every address, pitch and row length; the buffers outlive the
         // stream-ordered launch.
-        unsafe { l.launch(config(blocks(shape.num_tokens, 8), THREADS)) }
-            .ctx("launching tk_reduce_fused")?;
+        unsafe {
+            l.launch(config(
+                blocks(shape.num_tokens, TOKENS_PER_BLOCK),
+                32 * TOKENS_PER_BLOCK as u32,
+            ))
+        }
+        .ctx("launching tk_reduce_fused")?;
         Ok(())
     }
 }

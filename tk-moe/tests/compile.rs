@@ -1,7 +1,7 @@
 //! Every registered kernel, and off-grid specialisations (top-k 1, 7 and 40 — more than one
-//! warp of slots —, narrow accesses, one expert, the largest E, f16, global-memory histograms),
-//! compile with NVRTC for sm_90a and sm_100a (no GPU needed; skipped with a printed reason when
-//! NVRTC is not loadable, unless TK_REQUIRE_NVRTC=1).
+//! warp of slots —, narrow accesses, one expert, the largest E, f16, windowed histograms for
+//! E > 8192), compile with NVRTC for sm_90a and sm_100a (no GPU needed; skipped with a printed
+//! reason when NVRTC is not loadable, unless TK_REQUIRE_NVRTC=1).
 #![cfg(feature = "cuda")]
 
 use tk_core::{DType, KernelSpec};

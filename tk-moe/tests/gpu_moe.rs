@@ -8,14 +8,22 @@
 //! illegal indices (the GPU reads them as `-1`: compared with the CPU reference on
 //! `tk_moe::index::sanitize_indices`). The big per-config cases rotate through the hidden sizes
 //! (all of them under `TK_FULL_TEST`) to keep the suite's device time small.
+//!
+//! Cases run on all host cores ([`par_gpu`]: the CPU references, input generation and
+//! host/device copies dominate), each worker on its own stream; per-config inputs (`topk_idx`
+//! and its mapping) are built once per test and shared by the cases, and every input is
+//! uploaded once for all the option combinations that read it.
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
 mod common;
 
-use common::{check_mapping, grid, topk_idx_for};
+use common::{check_mapping, grid, par_map, topk_idx_for};
 use float8::F8E4M3;
 use half::bf16;
-use tk_core::testing::{assert_bits_eq, full_test, gpu_or_skip, par_random_bits, poison, Rng};
+use tk_core::testing::{
+    assert_bits_eq, case_seed, full_test, generate_hidden_sizes, gpu_or_skip, par_random_bits,
+    poison, Rng,
+};
 use tk_core::{Device, DeviceTensor, Element, HostTensor};
 use tk_moe::index::sanitize_indices;
 use tk_moe::reference::{self, FusedMapping, ReduceFusedInputs};
@@ -37,6 +45,12 @@ fn poisoned<T: Element>(dev: &Device, shape: &[usize]) -> DeviceTensor<T> {
     t
 }
 
+/// Runs `f` on every case on the host's cores, each case on a new stream of `dev` (the cases
+/// of one worker run in order; different workers overlap on the device).
+fn par_gpu<C: Sync>(dev: &Device, cases: &[C], f: impl Fn(&Device, &C) + Sync) {
+    par_map(cases, |c| f(&dev.with_new_stream().unwrap(), c));
+}
+
 /// The hidden sizes of config number `i`: one of the seven (rotating), all under TK_FULL_TEST.
 fn hidden_for(i: usize, sizes: &[usize]) -> Vec<usize> {
     if full_test() {
@@ -44,6 +58,27 @@ fn hidden_for(i: usize, sizes: &[usize]) -> Vec<usize> {
     } else {
         vec![sizes[i % sizes.len()]]
     }
+}
+
+/// The `(config number, hidden size)` cases of a spec-grid test over `configs` configs.
+fn hidden_cases(configs: usize, sizes: &[usize]) -> Vec<(usize, usize)> {
+    (0..configs)
+        .flat_map(|i| hidden_for(i, sizes).into_iter().map(move |h| (i, h)))
+        .collect()
+}
+
+/// The grid's `topk_idx` tensors (seeded by `case`), built on all cores.
+fn grid_indices(case: &str) -> Vec<(MoeParams, HostTensor<i64>)> {
+    par_map(&grid(), |p| (*p, topk_idx_for(case, p)))
+}
+
+/// The grid's `topk_idx` tensors and their CPU mappings with alignment `a`, built on all cores.
+fn grid_maps(case: &str, a: usize) -> Vec<(MoeParams, HostTensor<i64>, FusedMapping)> {
+    par_map(&grid(), |p| {
+        let idx = topk_idx_for(case, p);
+        let map = cpu_map(&idx, p.num_experts, a);
+        (*p, idx, map)
+    })
 }
 
 /// The CPU mapping (host-sync row count) of `idx` over `e` experts, alignment `a`.
@@ -131,16 +166,14 @@ fn gpu_expand_to_fused_spec_grid() {
     let Some(dev) = gpu_or_skip("gpu_expand_to_fused_spec_grid") else {
         return;
     };
-    for (i, p) in grid().iter().enumerate() {
-        let idx = topk_idx_for("gpu expand", p);
-        let map = cpu_map(&idx, p.num_experts, 16);
-        for h in hidden_for(i, &tk_core::testing::generate_hidden_sizes(64)) {
-            let what = format!("expand {} H={h}", p.name());
-            let x =
-                par_random_bits::<bf16>(&[idx.shape()[0], h], tk_core::testing::case_seed(&what));
-            check_expand(&dev, &what, &x, &map.token_topk_to_pos, &map.pos_to_expert);
-        }
-    }
+    let maps = grid_maps("gpu expand", 16);
+    let cases = hidden_cases(maps.len(), &generate_hidden_sizes(64));
+    par_gpu(&dev, &cases, |dev, &(i, h)| {
+        let (p, idx, map) = &maps[i];
+        let what = format!("expand {} H={h}", p.name());
+        let x = par_random_bits::<bf16>(&[idx.shape()[0], h], case_seed(&what));
+        check_expand(dev, &what, &x, &map.token_topk_to_pos, &map.pos_to_expert);
+    });
 }
 
 #[test]
@@ -148,33 +181,33 @@ fn gpu_expand_to_fused_off_grid() {
     let Some(dev) = gpu_or_skip("gpu_expand_to_fused_off_grid") else {
         return;
     };
-    for (name, idx, e) in off_grid() {
-        let map = cpu_map(&idx, e, 16);
+    par_gpu(&dev, &off_grid(), |dev, (name, idx, e)| {
+        let map = cpu_map(idx, *e, 16);
         let t = idx.shape()[0];
         // Odd byte widths (1-byte accesses), 8-byte rows, fp32 rows.
         let what = format!("expand off-grid {name}");
         check_expand(
-            &dev,
+            dev,
             &format!("{what} e4m3 H=7"),
             &par_random_bits::<F8E4M3>(&[t, 7], 1),
             &map.token_topk_to_pos,
             &map.pos_to_expert,
         );
         check_expand(
-            &dev,
+            dev,
             &format!("{what} bf16 H=4"),
             &par_random_bits::<bf16>(&[t, 4], 2),
             &map.token_topk_to_pos,
             &map.pos_to_expert,
         );
         check_expand(
-            &dev,
+            dev,
             &format!("{what} fp32 H=576"),
             &par_random_bits::<f32>(&[t, 576], 3),
             &map.token_topk_to_pos,
             &map.pos_to_expert,
         );
-    }
+    });
     // Untargeted rows (pos_to_expert >= 0 and < 0), T == 0 with M > 0, illegal entries (read
     // as -1), a strided x (row stride H + 8).
     let ttp = HostTensor::from_vec(vec![4, -1, 0, 9, 1, -5, i32::MAX, 2], &[4, 2]).unwrap();
@@ -223,53 +256,6 @@ fn gpu_expand_to_fused_off_grid() {
 
 // ----- reduce_fused ----------------------------------------------------------------------------
 
-/// One reduce case: GPU (poisoned `_into`) against the CPU reference, output in the input dtype
-/// or e4m3 (with the global sf).
-#[allow(clippy::too_many_arguments)]
-fn check_reduce<T: ReduceElement>(
-    dev: &Device,
-    what: &str,
-    x: &HostTensor<T>,
-    ttp: &HostTensor<i32>,
-    w: Option<&HostTensor<f32>>,
-    x_sf: Option<&HostTensor<f32>>,
-    sf: Option<&HostTensor<f32>>,
-) {
-    let m = x.shape()[0];
-    let clean = sanitize_indices(&ttp.view(), m);
-    let mut cpu = ReduceFusedInputs::new(x.view(), clean.view());
-    let (dx, dttp) = (up(dev, x), up(dev, ttp));
-    let (dw, dxsf, dsf) = (
-        w.map(|v| up(dev, v)),
-        x_sf.map(|v| up(dev, v)),
-        sf.map(|v| up(dev, v)),
-    );
-    let mut gpu = DeviceReduceFusedInputs::new(dx.view(), dttp.view());
-    if let (Some(h), Some(d)) = (w, &dw) {
-        cpu = cpu.with_weights(h.view());
-        gpu = gpu.with_weights(d.view());
-    }
-    if let (Some(h), Some(d)) = (x_sf, &dxsf) {
-        cpu = cpu.with_x_sf(h.view());
-        gpu = gpu.with_x_sf(d.view());
-    }
-    let shape = [ttp.shape()[0], x.shape()[1]];
-    match (sf, &dsf) {
-        (Some(h), Some(d)) => {
-            let expected = reference::reduce_fused_e4m3(&cpu.with_sf(h.view())).unwrap();
-            let mut out = poisoned::<F8E4M3>(dev, &shape);
-            tk_moe::reduce_fused_e4m3_into(&gpu.with_sf(d.view()), &mut out.view_mut()).unwrap();
-            assert_bits_eq(what, out.to_host().unwrap().as_slice(), expected.as_slice());
-        }
-        _ => {
-            let expected = reference::reduce_fused(&cpu).unwrap();
-            let mut out = poisoned::<T>(dev, &shape);
-            tk_moe::reduce_fused_into(&gpu, &mut out.view_mut()).unwrap();
-            assert_bits_eq(what, out.to_host().unwrap().as_slice(), expected.as_slice());
-        }
-    }
-}
-
 /// Random reduce inputs for `idx`: the mapping with alignment 1 over a fused buffer of `T·K`
 /// rows (as upstream's test), `x` normal of shape `(T·K, h)`, weights uniform, `x_sf` and `sf`
 /// normal.
@@ -279,6 +265,27 @@ struct ReduceData<T> {
     w: HostTensor<f32>,
     x_sf: HostTensor<f32>,
     sf: HostTensor<f32>,
+}
+
+/// [`ReduceData`] on the device (uploaded once for every option combination).
+struct DevReduceData<T> {
+    x: DeviceTensor<T>,
+    ttp: DeviceTensor<i32>,
+    w: DeviceTensor<f32>,
+    x_sf: DeviceTensor<f32>,
+    sf: DeviceTensor<f32>,
+}
+
+impl<T: ReduceElement> ReduceData<T> {
+    fn upload(&self, dev: &Device) -> DevReduceData<T> {
+        DevReduceData {
+            x: up(dev, &self.x),
+            ttp: up(dev, &self.ttp),
+            w: up(dev, &self.w),
+            x_sf: up(dev, &self.x_sf),
+            sf: up(dev, &self.sf),
+        }
+    }
 }
 
 fn reduce_data<T: ReduceElement>(
@@ -302,53 +309,86 @@ fn reduce_data<T: ReduceElement>(
     }
 }
 
-/// Every combination of weights × x_sf × output (input dtype or e4m3) on `d`.
+/// One reduce case on `d` (uploaded as `dd`): GPU (poisoned `_into`) against the CPU
+/// reference, with or without the weights and `x_sf`, output in the input dtype or e4m3 (with
+/// the global sf).
+fn check_reduce<T: ReduceElement>(
+    what: &str,
+    d: &ReduceData<T>,
+    dd: &DevReduceData<T>,
+    (w, xs, e4m3): (bool, bool, bool),
+) {
+    let dev = dd.x.device();
+    let m = d.x.shape()[0];
+    let clean = sanitize_indices(&d.ttp.view(), m);
+    let mut cpu = ReduceFusedInputs::new(d.x.view(), clean.view());
+    let mut gpu = DeviceReduceFusedInputs::new(dd.x.view(), dd.ttp.view());
+    if w {
+        cpu = cpu.with_weights(d.w.view());
+        gpu = gpu.with_weights(dd.w.view());
+    }
+    if xs {
+        cpu = cpu.with_x_sf(d.x_sf.view());
+        gpu = gpu.with_x_sf(dd.x_sf.view());
+    }
+    let shape = [d.ttp.shape()[0], d.x.shape()[1]];
+    if e4m3 {
+        let expected = reference::reduce_fused_e4m3(&cpu.with_sf(d.sf.view())).unwrap();
+        let mut out = poisoned::<F8E4M3>(dev, &shape);
+        tk_moe::reduce_fused_e4m3_into(&gpu.with_sf(dd.sf.view()), &mut out.view_mut()).unwrap();
+        assert_bits_eq(what, out.to_host().unwrap().as_slice(), expected.as_slice());
+    } else {
+        let expected = reference::reduce_fused(&cpu).unwrap();
+        let mut out = poisoned::<T>(dev, &shape);
+        tk_moe::reduce_fused_into(&gpu, &mut out.view_mut()).unwrap();
+        assert_bits_eq(what, out.to_host().unwrap().as_slice(), expected.as_slice());
+    }
+}
+
+/// Every combination of weights × x_sf × output (input dtype or e4m3) on `d`, uploaded once.
 fn reduce_all_options<T: ReduceElement>(dev: &Device, what: &str, d: &ReduceData<T>) {
+    let dd = d.upload(dev);
     for w in [false, true] {
         for xs in [false, true] {
             for e4m3 in [false, true] {
                 check_reduce(
-                    dev,
                     &format!("{what} w={w} x_sf={xs} e4m3={e4m3}"),
-                    &d.x,
-                    &d.ttp,
-                    w.then_some(&d.w),
-                    xs.then_some(&d.x_sf),
-                    e4m3.then_some(&d.sf),
+                    d,
+                    &dd,
+                    (w, xs, e4m3),
                 );
             }
         }
     }
 }
 
-fn reduce_spec_grid<T: ReduceElement>(dev: &Device, name: &str, conv: impl Fn(f32) -> T + Copy) {
-    let sizes = tk_core::testing::generate_hidden_sizes(256);
-    for (i, p) in grid().iter().enumerate() {
-        let idx = topk_idx_for("gpu reduce", p);
-        // All options on the first 512 tokens at every hidden size of this config...
-        let head = common::first_rows(&idx, 512);
-        for h in hidden_for(i, &sizes) {
-            let what = format!("reduce {name} {} T=512 H={h}", p.name());
-            reduce_all_options(
-                dev,
-                &what,
-                &reduce_data(&what, &head, p.num_experts, h, conv),
-            );
+fn reduce_spec_grid<T: ReduceElement>(dev: &Device, name: &str, conv: impl Fn(f32) -> T + Sync) {
+    let configs = grid_indices("gpu reduce");
+    // Per config: all options on the first 512 tokens at every hidden size of this config
+    // (`Some(H)`), and the full token count (`None`: H = 256 keeps the host-side data small)
+    // with weights, one option set per config.
+    let sizes = generate_hidden_sizes(256);
+    let mut cases: Vec<(usize, Option<usize>)> = hidden_cases(configs.len(), &sizes)
+        .into_iter()
+        .map(|(i, h)| (i, Some(h)))
+        .collect();
+    cases.extend((0..configs.len()).map(|i| (i, None)));
+    par_gpu(dev, &cases, |dev, &(i, h)| {
+        let (p, idx) = &configs[i];
+        match h {
+            Some(h) => {
+                let what = format!("reduce {name} {} T=512 H={h}", p.name());
+                let head = common::first_rows(idx, 512);
+                let d = reduce_data(&what, &head, p.num_experts, h, &conv);
+                reduce_all_options(dev, &what, &d);
+            }
+            None => {
+                let what = format!("reduce {name} {} full H=256", p.name());
+                let d = reduce_data(&what, idx, p.num_experts, 256, &conv);
+                check_reduce(&what, &d, &d.upload(dev), (true, i % 2 == 1, i % 3 == 0));
+            }
         }
-        // ... and the full token count (H = 256 keeps the host-side data small) with weights,
-        // one option set per config.
-        let what = format!("reduce {name} {} full H=256", p.name());
-        let d = reduce_data(&what, &idx, p.num_experts, 256, conv);
-        check_reduce(
-            dev,
-            &what,
-            &d.x,
-            &d.ttp,
-            Some(&d.w),
-            (i % 2 == 1).then_some(&d.x_sf),
-            (i % 3 == 0).then_some(&d.sf),
-        );
-    }
+    });
 }
 
 #[test]
@@ -372,21 +412,48 @@ fn gpu_reduce_fused_off_grid() {
     let Some(dev) = gpu_or_skip("gpu_reduce_fused_off_grid") else {
         return;
     };
-    for (name, idx, e) in off_grid() {
-        let head = common::first_rows(&idx, 700);
+    par_gpu(&dev, &off_grid(), |dev, (name, idx, e)| {
+        let head = common::first_rows(idx, 700);
         // Unaligned hidden sizes take the one-column path; f16 too.
         for h in [256, 100] {
             let what = format!("reduce off-grid {name} H={h}");
             reduce_all_options(
-                &dev,
+                dev,
                 &format!("{what} fp32"),
-                &reduce_data(&what, &head, e, h, |v| v),
+                &reduce_data(&what, &head, *e, h, |v| v),
             );
             reduce_all_options(
-                &dev,
+                dev,
                 &format!("{what} f16"),
-                &reduce_data(&what, &head, e, h, half::f16::from_f32),
+                &reduce_data(&what, &head, *e, h, half::f16::from_f32),
             );
+        }
+    });
+    // Every legal-slot count per token, 0 ..= K (each batch shape of the kernel; K = 40 spans
+    // two slot groups), legal slots scattered over the row; a negative global sf (a token
+    // without legal slots gives 0 · sf = -0.0).
+    for k in [9, 40] {
+        let (t, m) = (3 * (k + 1), 500);
+        let mut rng = Rng::for_case(&format!("reduce legal counts K={k}"));
+        // Slot j of token r is legal when (7j + r) mod K < r mod (K + 1): a permutation of the
+        // slots (7 is prime to K), so exactly r mod (K + 1) legal slots.
+        let ttp = HostTensor::from_fn(&[t, k], |i| {
+            let (r, j) = (i / k, i % k);
+            if (7 * j + r) % k < r % (k + 1) {
+                rng.below(m as u64) as i32
+            } else {
+                -1
+            }
+        });
+        for h in [512, 264] {
+            let d = ReduceData {
+                x: rng.randn(&[m, h], bf16::from_f32),
+                ttp: ttp.clone(),
+                w: HostTensor::from_fn(&[t, k], |_| rng.uniform()),
+                x_sf: rng.randn(&[m], |v| v),
+                sf: HostTensor::from_vec(vec![-0.75], &[1]).unwrap(),
+            };
+            reduce_all_options(&dev, &format!("reduce legal counts K={k} H={h}"), &d);
         }
     }
     // Illegal positions are skipped (read as -1), and e4m3 saturates.
@@ -413,16 +480,32 @@ fn gpu_reduce_fused_off_grid() {
 
 // ----- expand_to_fused_with_sf -----------------------------------------------------------------
 
+/// A mapping's `token_topk_to_pos` and `pos_to_expert` on the device.
+struct DevMap {
+    ttp: DeviceTensor<i32>,
+    pte: DeviceTensor<i32>,
+}
+
+impl DevMap {
+    fn new(dev: &Device, map: &FusedMapping) -> Self {
+        Self {
+            ttp: up(dev, &map.token_topk_to_pos),
+            pte: up(dev, &map.pos_to_expert),
+        }
+    }
+}
+
 /// GPU expand-with-scales (poisoned outputs) against the CPU reference: data and the whole
-/// scale storage (including the zeroed column-major padding).
+/// scale storage (including the zeroed column-major padding). `dd` and `dmap` are `data` and
+/// `map` on the device.
 fn check_expand_sf<D: Element, S: tk_moe::ScaleElement>(
-    dev: &Device,
     what: &str,
-    data: &HostTensor<D>,
+    (data, dd): (&HostTensor<D>, &DeviceTensor<D>),
     sf: &HostTensor<S>,
-    map: &FusedMapping,
+    (map, dmap): (&FusedMapping, &DevMap),
     params: &ExpandToFusedWithSfParams,
 ) {
+    let dev = dd.device();
     let m = map.num_rows();
     let clean = sanitize_indices(&map.token_topk_to_pos.view(), m);
     let expected = reference::expand_to_fused_with_sf(
@@ -433,15 +516,14 @@ fn check_expand_sf<D: Element, S: tk_moe::ScaleElement>(
         params,
     )
     .unwrap();
-    let (dd, dsf) = (up(dev, data), up(dev, sf));
-    let (dttp, dpte) = (up(dev, &map.token_topk_to_pos), up(dev, &map.pos_to_expert));
+    let dsf = up(dev, sf);
     let mut out = poisoned::<D>(dev, expected.out.shape());
     let mut storage = poisoned::<S>(dev, expected.out_sf_storage.shape());
     tk_moe::expand_to_fused_with_sf_into(
         &dd.view(),
         &dsf.view(),
-        &dttp.view(),
-        &dpte.view(),
+        &dmap.ttp.view(),
+        &dmap.pte.view(),
         params,
         &mut out.view_mut(),
         &mut storage.view_mut(),
@@ -460,8 +542,8 @@ fn check_expand_sf<D: Element, S: tk_moe::ScaleElement>(
     let alloc = tk_moe::expand_to_fused_with_sf(
         &dd.view(),
         &dsf.view(),
-        &dttp.view(),
-        &dpte.view(),
+        &dmap.ttp.view(),
+        &dmap.pte.view(),
         params,
     )
     .unwrap();
@@ -477,41 +559,42 @@ fn check_expand_sf<D: Element, S: tk_moe::ScaleElement>(
     );
 }
 
-/// Both of the spec's scale formats for FP8 rows of `h` values with `npc` per scale: fp32
-/// row-major, packed UE8M0 (int32) column-major.
+/// FP8 rows of `h` values (generated and uploaded once), expanded with both of the spec's
+/// scale formats for each `npc` of `npcs`: fp32 row-major, packed UE8M0 (int32) column-major.
 fn expand_sf_both_formats(
     dev: &Device,
     what: &str,
     idx_rows: usize,
     map: &FusedMapping,
     h: usize,
-    npc: usize,
+    npcs: &[usize],
 ) {
-    let seed = tk_core::testing::case_seed(what);
+    let seed = case_seed(what);
     let data = par_random_bits::<F8E4M3>(&[idx_rows, h], seed);
-    let row = ExpandToFusedWithSfParams::new(npc, false);
-    let mut rng = Rng::new(seed);
-    let sf = HostTensor::from_fn(&[idx_rows, row.sf_columns(h, false)], |_| {
-        rng.uniform() + 0.5
-    });
-    check_expand_sf(
-        dev,
-        &format!("{what} npc={npc} fp32 row-major"),
-        &data,
-        &sf,
-        map,
-        &row,
-    );
-    let col = ExpandToFusedWithSfParams::new(npc, true);
-    let packed = par_random_bits::<i32>(&[idx_rows, col.sf_columns(h, true)], seed ^ 1);
-    check_expand_sf(
-        dev,
-        &format!("{what} npc={npc} packed col-major"),
-        &data,
-        &packed,
-        map,
-        &col,
-    );
+    let (dd, dmap) = (up(dev, &data), DevMap::new(dev, map));
+    for &npc in npcs {
+        let row = ExpandToFusedWithSfParams::new(npc, false);
+        let mut rng = Rng::new(seed ^ npc as u64);
+        let sf = HostTensor::from_fn(&[idx_rows, row.sf_columns(h, false)], |_| {
+            rng.uniform() + 0.5
+        });
+        check_expand_sf(
+            &format!("{what} npc={npc} fp32 row-major"),
+            (&data, &dd),
+            &sf,
+            (map, &dmap),
+            &row,
+        );
+        let col = ExpandToFusedWithSfParams::new(npc, true);
+        let packed = par_random_bits::<i32>(&[idx_rows, col.sf_columns(h, true)], seed ^ 1);
+        check_expand_sf(
+            &format!("{what} npc={npc} packed col-major"),
+            (&data, &dd),
+            &packed,
+            (map, &dmap),
+            &col,
+        );
+    }
 }
 
 #[test]
@@ -519,22 +602,19 @@ fn gpu_expand_to_fused_with_sf_spec_grid() {
     let Some(dev) = gpu_or_skip("gpu_expand_to_fused_with_sf_spec_grid") else {
         return;
     };
-    for (i, p) in grid().iter().enumerate() {
-        let idx = topk_idx_for("gpu expand sf", p);
-        let map = cpu_map(&idx, p.num_experts, 16);
-        for h in hidden_for(i, &tk_core::testing::generate_hidden_sizes(64)) {
-            for npc in [32, 128] {
-                expand_sf_both_formats(
-                    &dev,
-                    &format!("expand_sf {} H={h}", p.name()),
-                    idx.shape()[0],
-                    &map,
-                    h,
-                    npc,
-                );
-            }
-        }
-    }
+    let maps = grid_maps("gpu expand sf", 16);
+    let cases = hidden_cases(maps.len(), &generate_hidden_sizes(64));
+    par_gpu(&dev, &cases, |dev, &(i, h)| {
+        let (p, idx, map) = &maps[i];
+        expand_sf_both_formats(
+            dev,
+            &format!("expand_sf {} H={h}", p.name()),
+            idx.shape()[0],
+            map,
+            h,
+            &[32, 128],
+        );
+    });
 }
 
 #[test]
@@ -542,18 +622,18 @@ fn gpu_expand_to_fused_with_sf_off_grid() {
     let Some(dev) = gpu_or_skip("gpu_expand_to_fused_with_sf_off_grid") else {
         return;
     };
-    for (name, idx, e) in off_grid() {
+    par_gpu(&dev, &off_grid(), |dev, (name, idx, e)| {
         // Alignment 3: M is not a multiple of 4, so the column-major storage has padding.
-        let map = cpu_map(&idx, e, 3);
+        let map = cpu_map(idx, *e, 3);
         let t = idx.shape()[0];
         for h in [576, 100] {
             expand_sf_both_formats(
-                &dev,
+                dev,
                 &format!("expand_sf off-grid {name} H={h}"),
                 t,
                 &map,
                 h,
-                32,
+                &[32],
             );
         }
         // Packed FP4 data: 2 values per byte.
@@ -561,14 +641,13 @@ fn gpu_expand_to_fused_with_sf_off_grid() {
         let params = ExpandToFusedWithSfParams::new(32, true);
         let sf = par_random_bits::<tk_core::dtype::Ue8m0x4>(&[t, 1], 10);
         check_expand_sf(
-            &dev,
             &format!("expand_sf off-grid {name} fp4"),
-            &data,
+            (&data, &up(dev, &data)),
             &sf,
-            &map,
+            (&map, &DevMap::new(dev, &map)),
             &params,
         );
-    }
+    });
     // Illegal positions are read as -1.
     let idx = topk_idx_for(
         "gpu expand sf illegal",
@@ -592,7 +671,7 @@ fn gpu_expand_to_fused_with_sf_off_grid() {
         idx.shape()[0],
         &map,
         2048,
-        128,
+        &[128],
     );
 }
 
@@ -642,18 +721,20 @@ fn gpu_get_fused_mapping_spec_grid() {
     let Some(dev) = gpu_or_skip("gpu_get_fused_mapping_spec_grid") else {
         return;
     };
-    for p in grid() {
-        let idx = topk_idx_for("gpu mapping", &p);
-        for a in [64, 128] {
-            check_mapping_gpu(
-                &dev,
-                &format!("mapping {} a={a}", p.name()),
-                &idx,
-                p.num_experts,
-                a,
-            );
-        }
-    }
+    let configs = grid_indices("gpu mapping");
+    let cases: Vec<(usize, usize)> = (0..configs.len())
+        .flat_map(|i| [(i, 64), (i, 128)])
+        .collect();
+    par_gpu(&dev, &cases, |dev, &(i, a)| {
+        let (p, idx) = &configs[i];
+        check_mapping_gpu(
+            dev,
+            &format!("mapping {} a={a}", p.name()),
+            idx,
+            p.num_experts,
+            a,
+        );
+    });
 }
 
 #[test]
@@ -661,19 +742,19 @@ fn gpu_get_fused_mapping_off_grid() {
     let Some(dev) = gpu_or_skip("gpu_get_fused_mapping_off_grid") else {
         return;
     };
-    for (name, idx, e) in off_grid() {
+    par_gpu(&dev, &off_grid(), |dev, (name, idx, e)| {
         for a in [1, 16, 128] {
-            check_mapping_gpu(&dev, &format!("mapping off-grid {name} a={a}"), &idx, e, a);
+            check_mapping_gpu(dev, &format!("mapping off-grid {name} a={a}"), idx, *e, a);
         }
-        let bad = with_illegal(&idx, e, &name);
+        let bad = with_illegal(idx, *e, name);
         check_mapping_gpu(
-            &dev,
+            dev,
             &format!("mapping off-grid {name} illegal"),
             &bad,
-            e,
+            *e,
             16,
         );
-    }
+    });
     // The largest E, a strided topk_idx (row stride K + 3).
     let p = MoeParams {
         num_send_tokens: 500,
@@ -740,10 +821,9 @@ fn gpu_get_fused_mapping_off_grid() {
 /// Every index tensor of the small-op tests: the moe12 grid (full size), the off-grid ones,
 /// and an illegal-entry variant of each off-grid one, as `(name, idx, E)`.
 fn index_cases() -> Vec<(String, HostTensor<i64>, usize)> {
-    let mut v: Vec<_> = grid()
-        .iter()
-        .map(|p| (p.name(), topk_idx_for("gpu small ops", p), p.num_experts))
-        .collect();
+    let mut v: Vec<_> = par_map(&grid(), |p| {
+        (p.name(), topk_idx_for("gpu small ops", p), p.num_experts)
+    });
     for (name, idx, e) in off_grid() {
         let bad = with_illegal(&idx, e, &name);
         v.push((name.clone(), idx, e));
@@ -757,13 +837,13 @@ fn gpu_normalize_weight_grid() {
     let Some(dev) = gpu_or_skip("gpu_normalize_weight_grid") else {
         return;
     };
-    for (name, idx, _) in index_cases() {
+    par_gpu(&dev, &index_cases(), |dev, (name, idx, _)| {
         let (t, k) = (idx.shape()[0], idx.shape()[1]);
         let mut rng = Rng::for_case(&format!("normalize {name}"));
         let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
         let expected = reference::normalize_weight(&w.view()).unwrap();
-        let dw = up(&dev, &w);
-        let (mut den, mut out) = (poisoned::<f32>(&dev, &[t]), poisoned::<f32>(&dev, &[t, k]));
+        let dw = up(dev, &w);
+        let (mut den, mut out) = (poisoned::<f32>(dev, &[t]), poisoned::<f32>(dev, &[t, k]));
         tk_moe::normalize_weight_into(&dw.view(), &mut den.view_mut(), &mut out.view_mut())
             .unwrap();
         assert_bits_eq(
@@ -776,7 +856,7 @@ fn gpu_normalize_weight_grid() {
             out.to_host().unwrap().as_slice(),
             expected.normalized_weights.as_slice(),
         );
-    }
+    });
 }
 
 #[test]
@@ -784,12 +864,13 @@ fn gpu_group_count_and_aux_fi_grid() {
     let Some(dev) = gpu_or_skip("gpu_group_count_and_aux_fi_grid") else {
         return;
     };
-    for (name, idx, e) in index_cases() {
+    par_gpu(&dev, &index_cases(), |dev, (name, idx, e)| {
+        let e = *e;
         let clean = sanitize_indices(&idx.view(), e);
-        let di = up(&dev, &idx);
+        let di = up(dev, idx);
         let params = tk_moe::GroupCountParams::new(e);
         let expected = reference::group_count(&clean.view(), &params).unwrap();
-        let mut out = poisoned::<i32>(&dev, &[e]);
+        let mut out = poisoned::<i32>(dev, &[e]);
         tk_moe::group_count_into(&di.view(), &params, &mut out.view_mut()).unwrap();
         assert_bits_eq(
             &format!("group_count {name}"),
@@ -799,7 +880,7 @@ fn gpu_group_count_and_aux_fi_grid() {
         for naux in [1, idx.shape()[1].max(1)] {
             let params = tk_moe::AuxFiParams::new(e, naux);
             let expected = reference::aux_fi(&clean.view(), &params).unwrap();
-            let mut out = poisoned::<f32>(&dev, &[e]);
+            let mut out = poisoned::<f32>(dev, &[e]);
             tk_moe::aux_fi_into(&di.view(), &params, &mut out.view_mut()).unwrap();
             assert_bits_eq(
                 &format!("aux_fi {name} naux={naux}"),
@@ -807,8 +888,53 @@ fn gpu_group_count_and_aux_fi_grid() {
                 expected.as_slice(),
             );
         }
+    });
+    // Index tensors read one entry at a time: padded rows (row stride K + 3) and contiguous
+    // rows starting off a 16-byte boundary (K = 9, from the second row of a buffer).
+    let p = MoeParams {
+        num_send_tokens: 700,
+        num_topk: 9,
+        num_experts: 32,
+        num_ep_ranks: 8,
+    };
+    let idx = topk_idx_for("gpu count strided", &p);
+    let (t, k) = (idx.shape()[0], idx.shape()[1]);
+    let (buf, layout) = common::padded_rows(&idx, 3, 5);
+    let padded = up(
+        &dev,
+        &HostTensor::from_vec(buf.clone(), &[buf.len()]).unwrap(),
+    );
+    let mut shifted = vec![7i64; k];
+    shifted.extend_from_slice(idx.as_slice());
+    let shifted = up(&dev, &HostTensor::from_vec(shifted, &[t + 1, k]).unwrap());
+    for (what, view) in [
+        ("padded rows", padded.view().with_layout(layout).unwrap()),
+        ("unaligned start", shifted.view().narrow(0, 1, t).unwrap()),
+    ] {
+        let params = tk_moe::GroupCountParams::new(32);
+        assert_bits_eq(
+            &format!("group_count {what}"),
+            tk_moe::group_count(&view, &params)
+                .unwrap()
+                .to_host()
+                .unwrap()
+                .as_slice(),
+            reference::group_count(&idx.view(), &params)
+                .unwrap()
+                .as_slice(),
+        );
+        let params = tk_moe::AuxFiParams::new(32, 9);
+        assert_bits_eq(
+            &format!("aux_fi {what}"),
+            tk_moe::aux_fi(&view, &params)
+                .unwrap()
+                .to_host()
+                .unwrap()
+                .as_slice(),
+            reference::aux_fi(&idx.view(), &params).unwrap().as_slice(),
+        );
     }
-    // Global-memory histograms (more bins than shared memory holds).
+    // More bins than one shared-memory window holds (the CTAs split the bins in windows).
     let idx = topk_idx_for(
         "gpu count big",
         &MoeParams {
@@ -841,8 +967,7 @@ fn gpu_inplace_unique_group_indices_grid() {
     let Some(dev) = gpu_or_skip("gpu_inplace_unique_group_indices_grid") else {
         return;
     };
-    for p in grid() {
-        let idx = topk_idx_for("gpu unique", &p);
+    par_gpu(&dev, &grid_indices("gpu unique"), |dev, (p, idx)| {
         for g in [8, 16, 72] {
             let global = p.global_experts();
             if global % g != 0 {
@@ -861,7 +986,7 @@ fn gpu_inplace_unique_group_indices_grid() {
                 let mut expected = sanitize_indices(&x.view(), g);
                 let params = tk_moe::InplaceUniqueGroupIndicesParams::new(g);
                 reference::inplace_unique_group_indices(&mut expected, &params).unwrap();
-                let mut d = up(&dev, &x);
+                let mut d = up(dev, &x);
                 tk_moe::inplace_unique_group_indices(&mut d.view_mut(), &params).unwrap();
                 assert_bits_eq(
                     &format!("unique {} G={g}{what}", p.name()),
@@ -870,7 +995,7 @@ fn gpu_inplace_unique_group_indices_grid() {
                 );
             }
         }
-    }
+    });
     // Dense repeats and G = 128.
     let mut rng = Rng::for_case("unique dense");
     let x = HostTensor::from_fn(&[4000, 9], |_| rng.below(129) as i64 - 1);
@@ -891,10 +1016,9 @@ fn gpu_mask_indices_by_tp_grid() {
     let Some(dev) = gpu_or_skip("gpu_mask_indices_by_tp_grid") else {
         return;
     };
-    for p in grid() {
+    par_gpu(&dev, &grid_indices("gpu mask"), |dev, (p, idx)| {
         // Ids over all the global experts, so that every rank keeps some.
         let mut rng = Rng::for_case(&format!("gpu mask {}", p.name()));
-        let idx = topk_idx_for("gpu mask", &p);
         let n = p.global_experts();
         let spread = HostTensor::from_fn(idx.shape(), |i| {
             if idx.as_slice()[i] < 0 {
@@ -929,8 +1053,8 @@ fn gpu_mask_indices_by_tp_grid() {
                         &params,
                     )
                     .unwrap();
-                    let dx = up(&dev, &x);
-                    let mut out = poisoned::<i64>(&dev, x.shape());
+                    let dx = up(dev, &x);
+                    let mut out = poisoned::<i64>(dev, x.shape());
                     tk_moe::mask_indices_by_tp_into(&dx.view(), &params, &mut out.view_mut())
                         .unwrap();
                     assert_bits_eq(
@@ -942,7 +1066,7 @@ fn gpu_mask_indices_by_tp_grid() {
                     let x32 = HostTensor::from_fn(x.shape(), |i| {
                         x.as_slice()[i].clamp(i32::MIN as i64, i32::MAX as i64) as i32
                     });
-                    let got = tk_moe::mask_indices_by_tp(&up(&dev, &x32).view(), &params)
+                    let got = tk_moe::mask_indices_by_tp(&up(dev, &x32).view(), &params)
                         .unwrap()
                         .to_host()
                         .unwrap();
@@ -955,7 +1079,7 @@ fn gpu_mask_indices_by_tp_grid() {
                 }
             }
         }
-    }
+    });
 }
 
 // ----- determinism -----------------------------------------------------------------------------

@@ -74,6 +74,36 @@ pub fn topk_idx_sub(case: &str, p: &MoeParams, rows: usize) -> HostTensor<i64> {
     first_rows(&topk_idx_for(case, &small), rows)
 }
 
+/// `f` of every item, computed on the host's cores (at most 16 workers pulling item indices
+/// from a shared counter), in item order.
+pub fn par_map<C: Sync, R: Send>(items: &[C], f: impl Fn(&C) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .clamp(1, 16);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 /// The first `rows` rows of `m` (all when it has fewer).
 pub fn first_rows<T: Element>(m: &HostTensor<T>, rows: usize) -> HostTensor<T> {
     let (t, k) = (m.shape()[0], m.shape()[1]);
