@@ -60,3 +60,41 @@ pub fn check_vector(arg: &'static str, layout: &Layout, n: usize, what: &str) ->
     }
     Ok(())
 }
+
+/// Checks that the output `arg` has exactly `shape` and is contiguous (row-major).
+///
+/// Errors: [`TkError::Shape`] or [`TkError::Stride`] naming `arg`.
+pub fn check_contiguous(arg: &'static str, layout: &Layout, shape: &[usize]) -> Result<()> {
+    if layout.shape() != shape {
+        return Err(TkError::Shape {
+            arg,
+            expected: format!("{shape:?}"),
+            got: layout.shape().to_vec(),
+        });
+    }
+    if !layout.is_contiguous() {
+        return Err(TkError::Stride {
+            arg,
+            expected: "a contiguous (row-major) tensor".into(),
+            got: layout.strides().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `other` (the tensor `arg`) lives on the same device as `dev`, the op's first
+/// input. Errors: [`TkError::Placement`] naming `arg`.
+pub fn check_same_device(
+    arg: &'static str,
+    dev: &crate::Device,
+    other: &crate::Device,
+) -> Result<()> {
+    if dev.same_device(other) {
+        Ok(())
+    } else {
+        Err(TkError::Placement {
+            arg,
+            msg: "must be on the same device as the op's first input".into(),
+        })
+    }
+}

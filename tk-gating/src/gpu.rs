@@ -3,7 +3,10 @@
 //! kernel specialisation the crate's tests, benches and the DeepSeek-V3 / V4 configurations use.
 
 use cudarc::driver::LaunchConfig;
-use tk_core::{Device, KernelSpec, Layout, Result, TkError};
+pub(crate) use tk_core::validate::{
+    check_contiguous as check_out, check_same_device as check_device,
+};
+use tk_core::{Device, KernelSpec, Result, TkError};
 
 use crate::scoring::ScoringFunc;
 use crate::{top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx};
@@ -36,37 +39,6 @@ pub(crate) fn check_tokens(arg: &'static str, num_tokens: usize) -> Result<u32> 
             format!("{num_tokens} tokens exceed the GPU kernels' limit of 2^32 - 1"),
         )
     })
-}
-
-/// Checks that the output `arg` has shape `expected` and is contiguous.
-pub(crate) fn check_out(arg: &'static str, layout: &Layout, expected: &[usize]) -> Result<()> {
-    if layout.shape() != expected {
-        return Err(TkError::Shape {
-            arg,
-            expected: format!("{expected:?}"),
-            got: layout.shape().to_vec(),
-        });
-    }
-    if !layout.is_contiguous() {
-        return Err(TkError::Stride {
-            arg,
-            expected: "a contiguous (row-major) output".into(),
-            got: layout.strides().to_vec(),
-        });
-    }
-    Ok(())
-}
-
-/// Checks that `other` (the tensor `arg`) lives on `dev`.
-pub(crate) fn check_device(arg: &'static str, dev: &Device, other: &Device) -> Result<()> {
-    if dev.same_device(other) {
-        Ok(())
-    } else {
-        Err(TkError::Placement {
-            arg,
-            msg: "must be on the same device as the op's first input".into(),
-        })
-    }
 }
 
 /// The DeepSeek-V3 router: 256 experts, 8 groups, top-4 groups, top-8, sigmoid (with bias).

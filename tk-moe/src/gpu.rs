@@ -2,7 +2,10 @@
 //! and placement checks, grid sizes and access widths.
 
 use cudarc::driver::LaunchConfig;
-use tk_core::{Device, DeviceView, Layout, Result, TkError};
+pub(crate) use tk_core::validate::{
+    check_contiguous as check_out, check_same_device as check_device,
+};
+use tk_core::{DeviceView, Layout};
 
 /// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
 pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
@@ -13,37 +16,6 @@ pub(crate) const THREADS: u32 = 256;
 /// Threads per block of the one-thread-per-row kernels (`normalize_weight`,
 /// `inplace_unique_group_indices`): small blocks spread the few rows over more SMs.
 pub(crate) const ROW_THREADS: u32 = 128;
-
-/// Checks that the output `arg` has exactly `shape` and is contiguous.
-pub(crate) fn check_out(arg: &'static str, layout: &Layout, shape: &[usize]) -> Result<()> {
-    if layout.shape() != shape {
-        return Err(TkError::Shape {
-            arg,
-            expected: format!("{shape:?}"),
-            got: layout.shape().to_vec(),
-        });
-    }
-    if !layout.is_contiguous() {
-        return Err(TkError::Stride {
-            arg,
-            expected: "a contiguous (row-major) output".into(),
-            got: layout.strides().to_vec(),
-        });
-    }
-    Ok(())
-}
-
-/// Checks that `other` (the tensor `arg`) lives on `dev`'s context.
-pub(crate) fn check_device(arg: &'static str, dev: &Device, other: &Device) -> Result<()> {
-    if dev.same_device(other) {
-        Ok(())
-    } else {
-        Err(TkError::Placement {
-            arg,
-            msg: "must be on the same device as the op's first input".into(),
-        })
-    }
-}
 
 /// The row stride (elements) of a rank-2 layout.
 pub(crate) fn row_stride(layout: &Layout) -> u64 {

@@ -23,6 +23,8 @@ use tk_core::dtype::E5M6Bytes;
 use tk_core::error::DriverContext;
 use tk_core::{Device, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result, TkError};
 
+pub(crate) use tk_core::validate::check_same_device;
+
 use crate::device::{
     check_contiguous, DeviceCastInput, DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut,
     DeviceScaleView, DeviceScales,
@@ -410,17 +412,6 @@ pub(crate) struct CastOutputs<'o, 'a, 'b> {
     pub out_sf: Option<&'o mut DeviceScales>,
     /// The precomputed fp32 layout-A scales (mode precomputed).
     pub sf: Option<&'o DeviceView<'b, f32>>,
-}
-
-/// Checks that `dev` and `other` are the same device; errors name `arg`.
-pub(crate) fn check_same_device(arg: &'static str, dev: &Device, other: &Device) -> Result<()> {
-    if !dev.same_device(other) {
-        return Err(TkError::Placement {
-            arg,
-            msg: "must be on the same device as x".into(),
-        });
-    }
-    Ok(())
 }
 
 /// Checks caller-provided output scales against the plan; errors name `out_sf`.

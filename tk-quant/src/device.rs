@@ -17,6 +17,8 @@ use half::bf16;
 use tk_core::dtype::{E2M1x2, Ue8m0x4};
 use tk_core::{DType, Device, DeviceTensor, DeviceView, DeviceViewMut, Layout, Result, TkError};
 
+pub(crate) use tk_core::validate::check_contiguous;
+
 use crate::scale::{detect_scale_layout, HostScales, ScaleGrid, ScaleLayout};
 use crate::types::{check_matrix, check_nonempty_k, CastFormat, QuantData, QuantGeometry};
 
@@ -258,29 +260,6 @@ impl DeviceQuantDataViewMut<'_> {
         }
         check_contiguous(arg, self.layout(), &[m, k / fmt.values_per_byte()])
     }
-}
-
-/// Checks that `layout` is contiguous with shape `expected`; errors name `arg`.
-pub(crate) fn check_contiguous(
-    arg: &'static str,
-    layout: &Layout,
-    expected: &[usize],
-) -> Result<()> {
-    if layout.shape() != expected {
-        return Err(TkError::Shape {
-            arg,
-            expected: format!("{expected:?}"),
-            got: layout.shape().to_vec(),
-        });
-    }
-    if !layout.is_contiguous() {
-        return Err(TkError::Stride {
-            arg,
-            expected: "a contiguous (row-major) tensor".into(),
-            got: layout.strides().to_vec(),
-        });
-    }
-    Ok(())
 }
 
 /// A borrowed device scale tensor: fp32 (layouts A, B) or packed UE8M0 int32 (layout C), with
