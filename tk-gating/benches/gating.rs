@@ -51,20 +51,8 @@ fn randn(dev: &Device, seed: &str, shape: &[usize]) -> Result<DeviceTensor<f32>>
 
 fn bench_topk_gate(b: &mut Bench) -> Result<()> {
     let dev = b.device().clone();
-    let pairs = [
-        (72, 6),
-        (32, 6),
-        (64, 6),
-        (96, 6),
-        (16, 6),
-        (36, 6),
-        (108, 6),
-        (128, 6),
-        (144, 6),
-        (256, 8),
-    ];
     for t in generate_num_tokens(1, true) {
-        for (e, k) in pairs {
+        for (e, k) in tk_gating::topk_gate::SPEC_CONFIGS {
             let p = format!("T={t} E={e} K={k}");
             if !b.enabled("topk_gate", &p) {
                 continue;
@@ -83,7 +71,7 @@ fn bench_topk_gate(b: &mut Bench) -> Result<()> {
 fn bench_topk_group(b: &mut Bench) -> Result<()> {
     let dev = b.device().clone();
     for t in generate_num_tokens(1, true) {
-        for (e, g) in [(72, 4), (72, 8), (72, 12), (256, 4), (256, 8), (256, 16)] {
+        for (e, g) in tk_gating::topk_sum_and_topk_group_idx::SPEC_CONFIGS {
             for n in [1, 2] {
                 for gk in [2, 4] {
                     let p = format!("T={t} E={e} G={g} sum={n} Gk={gk}");
@@ -159,21 +147,8 @@ fn bench_gate(
 }
 
 fn bench_top2(b: &mut Bench) -> Result<()> {
-    let configs = [
-        (0, 0, 72, 1, 6),
-        (0, 0, 32, 2, 6),
-        (0, 0, 64, 2, 6),
-        (0, 0, 96, 2, 6),
-        (0, 0, 16, 2, 6),
-        (0, 0, 36, 2, 6),
-        (0, 0, 108, 2, 6),
-        (0, 0, 128, 2, 6),
-        (0, 0, 144, 2, 6),
-        (8, 8, 256, 2, 8),
-        (8, 4, 256, 2, 8),
-    ];
     let scorings: [ScoringFunc; 3] = [Sigmoid, SqrtSoftplus, Softmax];
-    for (g, gk, e, s, k) in configs {
+    for (g, gk, e, s, k) in tk_gating::top2_sum_gate::SPEC_CONFIGS {
         let shared = k % s == 0 && e % (k / s) == 0;
         for f in scorings {
             let mut params = Top2SumGateParams::new(k, f)

@@ -54,28 +54,12 @@ pub const DEEPSEEK_V4: (usize, usize, usize, usize, ScoringFunc) =
 pub fn registered_kernels() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     // topk_gate: the spec's (E, K) pairs, off-grid shapes, a streamed (long-row) one.
-    for (e, k) in [
-        (72, 6),
-        (32, 6),
-        (64, 6),
-        (96, 6),
-        (16, 6),
-        (36, 6),
-        (108, 6),
-        (128, 6),
-        (144, 6),
-        (256, 8),
-        (160, 4),
-        (384, 7),
-        (37, 5),
-        (1, 1),
-        (384, 40),
-        (3000, 9),
-    ] {
+    let off_grid = [(160, 4), (384, 7), (37, 5), (1, 1), (384, 40), (3000, 9)];
+    for (e, k) in topk_gate::SPEC_CONFIGS.into_iter().chain(off_grid) {
         v.push(topk_gate::kernel_spec(e, k));
     }
     // topk_sum_and_topk_group_idx: the spec's 24 configurations.
-    for (e, g) in [(72, 4), (72, 8), (72, 12), (256, 4), (256, 8), (256, 16)] {
+    for (e, g) in topk_sum_and_topk_group_idx::SPEC_CONFIGS {
         for n in [1, 2] {
             for gk in [2, 4] {
                 v.push(topk_sum_and_topk_group_idx::kernel_spec(g, e / g, n, gk));
@@ -83,20 +67,7 @@ pub fn registered_kernels() -> Vec<KernelSpec> {
         }
     }
     // top2_sum_gate: the spec's 11 configurations x 3 scorings, DeepSeek-V3 and V4.
-    let configs = [
-        (72, 6, 0, 0),
-        (32, 6, 0, 0),
-        (64, 6, 0, 0),
-        (96, 6, 0, 0),
-        (16, 6, 0, 0),
-        (36, 6, 0, 0),
-        (108, 6, 0, 0),
-        (128, 6, 0, 0),
-        (144, 6, 0, 0),
-        (256, 8, 8, 8),
-        (256, 8, 8, 4),
-    ];
-    for (e, k, g, gk) in configs {
+    for (g, gk, e, _, k) in top2_sum_gate::SPEC_CONFIGS {
         for f in [
             ScoringFunc::Sigmoid,
             ScoringFunc::SqrtSoftplus,

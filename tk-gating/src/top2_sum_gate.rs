@@ -118,6 +118,22 @@ use tk_core::{Layout, Result, TkError};
 use crate::checks::{check_rank, check_unit_last_stride, check_vector};
 use crate::scoring::ScoringFunc;
 
+/// The spec's `top2_sum_gate` configurations (§4.5, §6): `(groups, topk_groups, E, S, K)` with
+/// `S` the shared experts; each runs with the three scoring functions.
+pub const SPEC_CONFIGS: [(usize, usize, usize, usize, usize); 11] = [
+    (0, 0, 72, 1, 6),
+    (0, 0, 32, 2, 6),
+    (0, 0, 64, 2, 6),
+    (0, 0, 96, 2, 6),
+    (0, 0, 16, 2, 6),
+    (0, 0, 36, 2, 6),
+    (0, 0, 108, 2, 6),
+    (0, 0, 128, 2, 6),
+    (0, 0, 144, 2, 6),
+    (8, 8, 256, 2, 8),
+    (8, 4, 256, 2, 8),
+];
+
 /// The multiplier of the token index in the replica choice (upstream's `large_prime_number`).
 pub const REPLICA_PRIME: u64 = 23_333;
 

@@ -36,6 +36,20 @@ use tk_core::{Layout, Result, TkError};
 
 use crate::checks::{check_rank, check_unit_last_stride};
 
+/// The `(E, K)` configurations of the spec's `topk_gate` test and benchmark grid (§4.3, §6).
+pub const SPEC_CONFIGS: [(usize, usize); 10] = [
+    (72, 6),
+    (32, 6),
+    (64, 6),
+    (96, 6),
+    (16, 6),
+    (36, 6),
+    (108, 6),
+    (128, 6),
+    (144, 6),
+    (256, 8),
+];
+
 /// The parameters of `topk_gate`: just `num_topk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TopkGateParams {

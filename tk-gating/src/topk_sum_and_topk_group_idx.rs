@@ -41,6 +41,11 @@ use tk_core::{Layout, Result, TkError};
 
 use crate::checks::{check_rank, check_unit_last_stride};
 
+/// The `(E, G)` configurations of the spec's `topk_sum_and_topk_group_idx` grid (§4.4, §6); each
+/// runs with top-1 and top-2 group scores and 2 or 4 kept groups.
+pub const SPEC_CONFIGS: [(usize, usize); 6] =
+    [(72, 4), (72, 8), (72, 12), (256, 4), (256, 8), (256, 16)];
+
 /// The parameters of `topk_sum_and_topk_group_idx`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TopkSumAndTopkGroupIdxParams {

@@ -122,20 +122,8 @@ fn gpu_topk_gate_spec_grid() {
     let Some(dev) = gpu_or_skip("gpu_topk_gate_spec_grid") else {
         return;
     };
-    let pairs = [
-        (72, 6),
-        (32, 6),
-        (64, 6),
-        (96, 6),
-        (16, 6),
-        (36, 6),
-        (108, 6),
-        (128, 6),
-        (144, 6),
-        (256, 8),
-    ];
     for t in generate_num_tokens(1, false) {
-        for (e, k) in pairs {
+        for (e, k) in tk_gating::topk_gate::SPEC_CONFIGS {
             let case = format!("topk_gate T={t} E={e} K={k}");
             check_topk_gate(&dev, &case, &mixed_matrix(&case, t, e, 0, 0), k);
         }
@@ -501,19 +489,7 @@ fn random_ids(rng: &mut Rng, t: usize, k: usize, e: usize) -> Strided<i64> {
 }
 
 /// The spec's config table `(G, Gk, E, S, K)` (§4.5).
-const SPEC_CONFIGS: [(usize, usize, usize, usize, usize); 11] = [
-    (0, 0, 72, 1, 6),
-    (0, 0, 32, 2, 6),
-    (0, 0, 64, 2, 6),
-    (0, 0, 96, 2, 6),
-    (0, 0, 16, 2, 6),
-    (0, 0, 36, 2, 6),
-    (0, 0, 108, 2, 6),
-    (0, 0, 128, 2, 6),
-    (0, 0, 144, 2, 6),
-    (8, 8, 256, 2, 8),
-    (8, 4, 256, 2, 8),
-];
+use tk_gating::top2_sum_gate::SPEC_CONFIGS;
 
 /// The spec's loops (§4.5): per config, scoring and token count one gap-respecting input of
 /// `T + 10` rows; then pad {0, 10} × tp_rank {0, 1} × shared (when valid) × fix routing, with

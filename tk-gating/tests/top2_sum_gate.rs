@@ -1033,19 +1033,7 @@ fn replica_choice_is_64_bit_beyond_92037_tokens() {
 // ---------------------------------------------------------------------------------------------
 
 /// The spec's test configs `(G, Gk, E, S, K)` (§4.5).
-const SPEC_CONFIGS: [(usize, usize, usize, usize, usize); 11] = [
-    (0, 0, 72, 1, 6),
-    (0, 0, 32, 2, 6),
-    (0, 0, 64, 2, 6),
-    (0, 0, 96, 2, 6),
-    (0, 0, 16, 2, 6),
-    (0, 0, 36, 2, 6),
-    (0, 0, 108, 2, 6),
-    (0, 0, 128, 2, 6),
-    (0, 0, 144, 2, 6),
-    (8, 8, 256, 2, 8),
-    (8, 4, 256, 2, 8),
-];
+use tk_gating::top2_sum_gate::SPEC_CONFIGS;
 
 /// The spec's loops (§4.5) with few tokens: pad {0, 10} × tp_rank {0, 1} × shared (when valid)
 /// × scoring × fix routing, ep_rank 0 of 4, 2 TP ranks, rsf 1.5, identity map (E + S, 33).

@@ -176,7 +176,7 @@ fn check_random(case: &str, t: usize, g: usize, p: usize, n: usize, gk: usize) {
 /// The spec's grid (§4.4): (E, G) with E % G == 0 × num_topk_sum {1, 2} × num_topk_groups {2, 4}.
 #[test]
 fn spec_grid_matches_naive() {
-    for (e, g) in [(72, 4), (72, 8), (72, 12), (256, 4), (256, 8), (256, 16)] {
+    for (e, g) in tk_gating::topk_sum_and_topk_group_idx::SPEC_CONFIGS {
         for n in [1, 2] {
             for gk in [2, 4] {
                 check_random(&format!("group spec {e} {g} {n} {gk}"), 9, g, e / g, n, gk);
