@@ -714,17 +714,32 @@ fn check_cast_back(
     let hin = QuantInput::new(q.view(), s.view(), block);
     let dq = DevQuant::upload(dev, &q, &s);
     let din = dq.input(block);
-    let r32 = reference::cast_back_op::<f32>(&hin).unwrap();
     let mut o32 = dev.alloc::<f32>(&[m, k]).unwrap();
     o32.fill_bytes(POISON).unwrap();
     tk_quant::cast_back_into(&din, &mut o32.view_mut()).unwrap();
+    check_cast_back_outputs(
+        name,
+        &o32,
+        &reference::cast_back_op::<f32>(&hin).unwrap(),
+        &tk_quant::cast_back::<bf16>(&din).unwrap(),
+        &reference::cast_back_op::<bf16>(&hin).unwrap(),
+    );
+}
+
+/// Compares a cast back's fp32 output (written into a poisoned buffer) and bf16 output (from
+/// the allocating form) with the references, bit for bit.
+fn check_cast_back_outputs(
+    name: &str,
+    o32: &DeviceTensor<f32>,
+    r32: &HostTensor<f32>,
+    o16: &DeviceTensor<bf16>,
+    r16: &HostTensor<bf16>,
+) {
     assert_bits_eq(
         &format!("{name} fp32"),
         o32.to_host().unwrap().as_slice(),
         r32.as_slice(),
     );
-    let r16 = reference::cast_back_op::<bf16>(&hin).unwrap();
-    let o16 = tk_quant::cast_back::<bf16>(&din).unwrap();
     assert_bits_eq(
         &format!("{name} bf16"),
         o16.to_host().unwrap().as_slice(),
@@ -895,21 +910,15 @@ fn check_e5m6(dev: &Device, name: &str, buf: &HostPlain, l: &Layout, opts: Scale
         };
         let dsf = DevQuant::upload_scales(dev, &hs);
         let dview = dsf.view(&hs);
-        let r32 = reference::cast_back_e5m6::<f32>(&gq.view(), &hs.view(), block).unwrap();
         let mut o32 = dev.alloc::<f32>(&[m, k]).unwrap();
         o32.fill_bytes(POISON).unwrap();
         tk_quant::cast_back_e5m6_into(&q.view(), &dview, block, &mut o32.view_mut()).unwrap();
-        assert_bits_eq(
-            &format!("{name}: cast back {block:?} fp32"),
-            o32.to_host().unwrap().as_slice(),
-            r32.as_slice(),
-        );
-        let r16 = reference::cast_back_e5m6::<bf16>(&gq.view(), &hs.view(), block).unwrap();
-        let o16 = tk_quant::cast_back_e5m6::<bf16>(&q.view(), &dview, block).unwrap();
-        assert_bits_eq(
-            &format!("{name}: cast back {block:?} bf16"),
-            o16.to_host().unwrap().as_slice(),
-            r16.as_slice(),
+        check_cast_back_outputs(
+            &format!("{name}: cast back {block:?}"),
+            &o32,
+            &reference::cast_back_e5m6::<f32>(&gq.view(), &hs.view(), block).unwrap(),
+            &tk_quant::cast_back_e5m6::<bf16>(&q.view(), &dview, block).unwrap(),
+            &reference::cast_back_e5m6::<bf16>(&gq.view(), &hs.view(), block).unwrap(),
         );
     }
 }
