@@ -145,8 +145,9 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
                 if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
             __syncwarp();
             u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
+            WarpSelect<1, NG, false> gsel(gkey, unused, lane);
             for (u32 r = 0; r < TK_GK; ++r) {
-                const Pick p = warp_take<1, NG, false>(gkey, unused, lane);
+                const Pick p = gsel.take();
                 gpk = p.key;
                 gpj = p.idx;
             }
@@ -161,10 +162,11 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             __syncwarp();  // shared memory reads done before the next token's writes
 #endif
             // K rounds of expert selection, best first.
+            WarpSelect<4, N, true> pick(key, s, lane);
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
-                    const Pick p = warp_take<4, N, true>(key, s, lane);
+                    const Pick p = pick.take();
                     den = __fadd_rn(den, p.val);
                     if (lane == rr) {
                         sel[c] = p.idx;
