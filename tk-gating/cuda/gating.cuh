@@ -27,12 +27,13 @@ constexpr u32 NONE = 0u;           // below every number
 constexpr u32 NAN_KEY = 0xfffffff0u;  // every NaN; above +inf (0xff800000)
 constexpr u32 NO_INDEX = 0xffffffffu;
 
-// The order key of x (see the file comment).
+// The order key of x (see the file comment), branch-free: x + 0 turns -0.0 into +0.0 and leaves
+// every other number unchanged; then negative bit patterns are inverted and positive ones get
+// the top bit (one LOP3 with the sign mask); NaN is replaced by NAN_KEY.
 __device__ __forceinline__ u32 order_key(float x) {
-    const u32 b = __float_as_uint(x);
-    if (x != x) return NAN_KEY;
-    if ((b << 1) == 0u) return 0x80000000u;  // +0.0 and -0.0 tie
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    const u32 b = __float_as_uint(__fadd_rn(x, 0.0f));
+    const u32 k = b ^ ((u32)((i32)b >> 31) | 0x80000000u);
+    return x != x ? NAN_KEY : k;
 }
 
 // True when (k, j) ranks strictly after (pk, pj): lower key, or equal key and larger index.

@@ -10,7 +10,8 @@
 // to_physical_map + logical_count; S shared slots; the EP/TP ranks.
 //
 // Per token: the logits row is loaded into registers (lane l owns experts i*128 + 4l + v, 16-byte
-// loads when aligned); scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
+// loads when aligned), one token ahead: the grid is at most one resident wave and each warp
+// prefetches its next token's row while routing the current one; scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
 // fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1);
 // ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the keys go through
 // shared memory, where the lanes score the groups by their top-2 sums (gating.cuh), GK warp rounds
@@ -70,11 +71,19 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
         b[i] = j < E ? __ldg(bias + j * bs) : 0.0f;
     }
     const u64 warps = (u64)gridDim.x * TK_WARPS;
-    for (u64 t = (u64)blockIdx.x * TK_WARPS + warp; t < T; t += warps) {
+    const float pad = SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f;
+    u64 t = (u64)blockIdx.x * TK_WARPS + warp;
+    float xn[N];  // (N,) this lane's logits of token t, loaded one token ahead
+    if (t < T) load_row<N>(xn, logits + t * ld, E, lane, vec != 0, pad);
+    for (; t < T; t += warps) {
+        float x[N];  // (N,) this lane's logits
+#pragma unroll
+        for (int i = 0; i < N; ++i) x[i] = xn[i];
+        if (t + warps < T) load_row<N>(xn, logits + (t + warps) * ld, E, lane, vec != 0, pad);
         i64* io = idx + t * P;                                 // (P,)
         float* wo = w + t * P;                                 // (P,)
         i64* uo = unmapped ? unmapped + t * ldu : nullptr;     // (K,)
-        if (mask && mask[t * ms] == 0) {  // padding token: not routed, logits not read
+        if (mask && mask[t * ms] == 0) {  // padding token: not routed, logits unused
             for (u32 r = lane; r < P; r += 32) {
                 io[r] = -1;
                 wo[r] = 0.0f;
@@ -84,8 +93,6 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             continue;
         }
         const float* row = logits + t * ld;  // (E,)
-        float x[N];                          // (N,) this lane's logits
-        load_row<N>(x, row, E, lane, vec != 0, SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f);
 
         float s[N];  // (N,) scores
         float m = 0.0f, z = 0.0f;
