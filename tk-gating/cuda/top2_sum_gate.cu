@@ -58,10 +58,15 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #if TK_G > 0
     constexpr u32 G = TK_G, PG = TK_E / TK_G;
+    // Groups in registers: every 4-element run of a lane lies in one group and a group's part of
+    // each 128-element row vector is held by C = PG / 4 consecutive lanes (PG a power of two,
+    // 4 <= PG <= 128), so lane l holds group i * (128 / PG) + l / C in vector i. Otherwise the
+    // keys go through shared memory (group_keys).
+    constexpr bool REG_GROUPS = G <= 32 && PG % 4 == 0 && 128 % PG == 0;
     constexpr int NG = (TK_G + 31) / 32;
     constexpr u32 L = lanes_per_group(G, PG);
-    __shared__ float skey[TK_WARPS][E];  // per warp: the token's ranking keys (E,)
-    __shared__ u32 sgroup[TK_WARPS][G];  // per warp: group order keys (G,)
+    __shared__ float skey[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : E];  // per warp: keys (E,)
+    __shared__ u32 sgroup[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : G];  // per warp: group keys
 #endif
     const u32 P = K + S;
     float b[N];  // (N,) this lane's bias values, the same for every token
@@ -129,6 +134,10 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
         }
         if (!fixed) {
             u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
+#if TK_G > 0
+            constexpr int NV = N / 4;
+            Top2 top[NV];  // (NV,) this lane's top-2 of each 4-element run (REG_GROUPS)
+#endif
 #pragma unroll
             for (int i = 0; i < N; ++i) {
                 const u32 j = slot_index<4>(i, lane);
@@ -137,39 +146,66 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
                     const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], b[i]);
                     key[i] = order_key(kf);
 #if TK_G > 0
-                    skey[warp][j] = kf;
+                    if constexpr (REG_GROUPS)
+                        top[i / 4].insert(key[i], kf);
+                    else
+                        skey[warp][j] = kf;
 #endif
                 }
             }
 #if TK_G > 0
             // Group-limited routing: keep the GK best groups by top-2 sums.
-            __syncwarp();
-            u32 gkey[NG];  // group q at element index q * L
-            float unused[NG] = {};
-            group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
+            if constexpr (REG_GROUPS) {
+                constexpr u32 C = PG / 4, GPV = 128 / PG;  // lanes per group run, groups per vector
+                u32 gkey[NV];                               // (NV,) group i * GPV + lane / C
+                float unused[NV] = {};
 #pragma unroll
-            for (int i = 0; i < NG; ++i)
-                if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
-            __syncwarp();
-            u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
-            WarpSelect<1, NG, false> gsel(gkey, unused, lane);
-            for (u32 r = 0; r < TK_GK; ++r) {
-                const Pick p = gsel.take();
-                gpk = p.key;
-                gpj = p.idx;
-            }
+                for (int v = 0; v < NV; ++v) {
 #pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const u32 j = slot_index<4>(i, lane);
-                if (j < E) {
-                    const u32 q = j / PG;
-                    if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
+                    for (u32 off = 1; off < C; off *= 2) top[v].merge_xor(off);
+                    const u32 q = GroupSlots<C, GPV>::index(v, lane);
+                    gkey[v] = q < G ? top[v].template score_key<2>() : NONE;
                 }
+                WarpSelect<GroupSlots<C, GPV>, NV, false> gsel(gkey, unused, lane);
+                u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
+                for (u32 r = 0; r < TK_GK; ++r) {
+                    const Pick p = gsel.take();
+                    gpk = p.key;
+                    gpj = p.idx;
+                }
+#pragma unroll
+                for (int i = 0; i < N; ++i)
+                    if (ranks_after(gkey[i / 4], GroupSlots<C, GPV>::index(i / 4, lane), gpk, gpj))
+                        key[i] = NONE;  // not kept (or past the row end: already NONE)
+            } else {
+                __syncwarp();
+                u32 gkey[NG];  // group q at element index q * L
+                float unused[NG] = {};
+                group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
+#pragma unroll
+                for (int i = 0; i < NG; ++i)
+                    if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
+                __syncwarp();
+                u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
+                WarpSelect<Slots<1>, NG, false> gsel(gkey, unused, lane);
+                for (u32 r = 0; r < TK_GK; ++r) {
+                    const Pick p = gsel.take();
+                    gpk = p.key;
+                    gpj = p.idx;
+                }
+#pragma unroll
+                for (int i = 0; i < N; ++i) {
+                    const u32 j = slot_index<4>(i, lane);
+                    if (j < E) {
+                        const u32 q = j / PG;
+                        if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
+                    }
+                }
+                __syncwarp();  // shared memory reads done before the next token's writes
             }
-            __syncwarp();  // shared memory reads done before the next token's writes
 #endif
             // K rounds of expert selection, best first.
-            WarpSelect<4, N, true> pick(key, s, lane);
+            WarpSelect<Slots<4>, N, true> pick(key, s, lane);
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
