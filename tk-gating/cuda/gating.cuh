@@ -48,32 +48,22 @@ __device__ __forceinline__ u32 slot_index(int s, u32 lane) {
     return (u32)(s / A) * (32u * A) + lane * A + (u32)(s % A);
 }
 
-// Slot layouts for WarpSelect: the element index of slot s of lane `lane`, and a lane holding
-// element j. Slots<A>: lanes own runs of A consecutive elements (slot_index<A>).
-template <int A>
-struct Slots {
-    static __device__ __forceinline__ u32 index(int s, u32 lane) { return slot_index<A>(s, lane); }
-    static __device__ __forceinline__ u32 owner(u32 j) { return (j / A) % 32u; }
-};
-// GroupSlots<C, GPV>: group keys replicated over runs of C lanes, GPV groups per slot: slot s of
-// lane l holds group s * GPV + l / C (the first lane of its run owns it).
-template <u32 C, u32 GPV>
-struct GroupSlots {
-    static __device__ __forceinline__ u32 index(int s, u32 lane) { return (u32)s * GPV + lane / C; }
-    static __device__ __forceinline__ u32 owner(u32 q) { return (q % GPV) * C; }
-};
-
 // Warp selection over register slots: each take() returns the warp's best remaining
-// (key, index), ties to the smaller element index, and takes it out. Lane `lane` holds in slot s
-// the element Ix::index(s, lane), with key[s] (NONE: not a candidate) and, when VAL, val[s];
-// a lane's slots are in increasing element order and the arrays are not changed while
-// selecting. An element is held by one lane, or (GroupSlots) by several lanes in the same slot
-// with the same key, which then move alike.
+// (key, index), ties to the smaller element index, and takes it out. Lane `lane` owns slot s,
+// element slot_index<A>(s, lane), with key[s] (NONE: not a candidate) and, when VAL, val[s];
+// slots are in increasing element order and the arrays are not changed while selecting.
+// Each lane caches the first two of its remaining slots (its "top-2"); a round reduces the
+// lanes' firsts (max key, then min index: two redux.sync), the owner's value is broadcast,
+// and the winning lane moves its second up. A lane that wins with no second cached rescans its
+// slots ranked after that pick: its picks come in its own order, so those are exactly its
+// remaining slots. Rescans run only in rounds where the winner needs one (warp vote), so a
+// round costs a few instructions instead of a scan of all N slots. Every take() needs a
+// candidate left somewhere.
 struct Pick {
     u32 key, idx;
     float val;
 };
-template <class Ix, int N, bool VAL>
+template <int A, int N, bool VAL>
 struct WarpSelect {
     const u32 (&key)[N];
     const float (&val)[N];
@@ -95,7 +85,7 @@ struct WarpSelect {
         j1 = j2 = NO_INDEX;
 #pragma unroll
         for (int s = 0; s < N; ++s) {
-            const u32 j = Ix::index(s, lane);
+            const u32 j = slot_index<A>(s, lane);
             const u32 k = (ALL || ranks_after(key[s], j, pk, pj)) ? key[s] : NONE;
             if (k > k1) {
                 k2 = k1;
@@ -119,8 +109,8 @@ struct WarpSelect {
         const u32 k = __reduce_max_sync(FULL, k1);
         const u32 wj = __reduce_min_sync(FULL, k1 == k ? j1 : NO_INDEX);
         float v = 0.0f;
-        if (VAL) v = __shfl_sync(FULL, v1, Ix::owner(wj));
-        const bool won = j1 == wj;  // the pick's holders
+        if (VAL) v = __shfl_sync(FULL, v1, (wj / A) % 32u);
+        const bool won = j1 == wj;  // lanes own distinct elements: only the owner matches
         const bool rescan = won && !has2;
         if (won) {
             k1 = k2;

@@ -13,10 +13,12 @@
 // loads when aligned), one token ahead: the grid is at most one resident wave and each warp
 // prefetches its next token's row while routing the current one; scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
 // fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1);
-// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the keys go through
-// shared memory, where the lanes score the groups by their top-2 sums (gating.cuh), GK warp rounds
-// pick the kept groups, and experts of the other groups stop being candidates. K warp rounds pick
-// the experts (gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
+// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
+// scored by their top-2 sums and the GK best kept; experts of the other groups stop being
+// candidates. Power-of-two groups of 4..128 experts (G <= 32) stay in registers (REG_GROUPS
+// below: per-run top-2s merged with shuffles, all groups ranked at once); other shapes go through
+// shared memory (group_keys, then GK warp rounds). K warp rounds pick the experts (WarpSelect,
+// gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
 // weight denominator 1e-20 + s0 + s1 + ... in slot order. Lane r % 32 then writes slot r: weight
 // (s / den) * rsf (1.0 for shared slots), replica (64-bit), EP/TP masking.
 #include "gating.cuh"
@@ -157,26 +159,34 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             // Group-limited routing: keep the GK best groups by top-2 sums.
             if constexpr (REG_GROUPS) {
                 constexpr u32 C = PG / 4, GPV = 128 / PG;  // lanes per group run, groups per vector
-                u32 gkey[NV];                               // (NV,) group i * GPV + lane / C
-                float unused[NV] = {};
+                u32 gkey[NV];  // (NV,) the key of group v * GPV + lane / C (NONE past G)
 #pragma unroll
                 for (int v = 0; v < NV; ++v) {
 #pragma unroll
                     for (u32 off = 1; off < C; off *= 2) top[v].merge_xor(off);
-                    const u32 q = GroupSlots<C, GPV>::index(v, lane);
-                    gkey[v] = q < G ? top[v].template score_key<2>() : NONE;
+                    gkey[v] = v * GPV + lane / C < G ? top[v].template score_key<2>() : NONE;
                 }
-                WarpSelect<GroupSlots<C, GPV>, NV, false> gsel(gkey, unused, lane);
-                u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
-                for (u32 r = 0; r < TK_GK; ++r) {
-                    const Pick p = gsel.take();
-                    gpk = p.key;
-                    gpj = p.idx;
-                }
+                // Lane q < G takes group q's key (slot q / GPV of lane (q % GPV) * C) and ranks
+                // it against all G keys at once (higher key first, then the smaller group); the
+                // kept groups are those ranked below GK, as GK selection rounds would pick them.
+                u32 mine = NONE;
 #pragma unroll
-                for (int i = 0; i < N; ++i)
-                    if (ranks_after(gkey[i / 4], GroupSlots<C, GPV>::index(i / 4, lane), gpk, gpj))
-                        key[i] = NONE;  // not kept (or past the row end: already NONE)
+                for (int v = 0; v < NV; ++v) {
+                    const u32 kv = __shfl_sync(FULL, gkey[v], (lane % GPV) * C);
+                    if (lane / GPV == (u32)v && lane < G) mine = kv;
+                }
+                u32 rank = 0;
+#pragma unroll
+                for (u32 q = 0; q < G; ++q) {
+                    const u32 kq = __shfl_sync(FULL, mine, q);
+                    rank += (kq > mine || (kq == mine && q < lane)) ? 1u : 0u;
+                }
+                const u32 kept = __ballot_sync(FULL, lane < G && rank < TK_GK);  // bit q: kept
+#pragma unroll
+                for (int i = 0; i < N; ++i) {
+                    const u32 q = (i / 4) * GPV + lane / C;
+                    if (q >= G || ((kept >> q) & 1u) == 0) key[i] = NONE;  // not kept
+                }
             } else {
                 __syncwarp();
                 u32 gkey[NG];  // group q at element index q * L
@@ -187,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
                     if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
                 __syncwarp();
                 u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
-                WarpSelect<Slots<1>, NG, false> gsel(gkey, unused, lane);
+                WarpSelect<1, NG, false> gsel(gkey, unused, lane);
                 for (u32 r = 0; r < TK_GK; ++r) {
                     const Pick p = gsel.take();
                     gpk = p.key;
@@ -205,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             }
 #endif
             // K rounds of expert selection, best first.
-            WarpSelect<Slots<4>, N, true> pick(key, s, lane);
+            WarpSelect<4, N, true> pick(key, s, lane);
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {

@@ -52,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
 #endif
         u32 mine = 0;
 #if TK_NV > 0
-        WarpSelect<Slots<4>, N, false> sel(key, x, lane);
+        WarpSelect<4, N, false> sel(key, x, lane);
 #else
         u32 pk = FIRST_KEY, pj = FIRST_IDX;  // the last pick
 #endif

@@ -93,8 +93,11 @@
 //! `cuda/top2_sum_gate.cu`, specialised on `(E, K, G, Gk, scoring_func)`; the mask, fix
 //! routing, physical map, `S` and the ranks are run-time arguments. One warp per token, the grid
 //! at most one resident wave, each warp prefetching its next token's row: the row
-//! in registers, scores, keys, group top-2 sums through shared memory (lane `l` scores groups
-//! `l, l + 32, ...`), `Gk` then `K` warp selection rounds (distinct picks, no overwriting; each lane caches its
+//! in registers, scores, keys, group top-2 sums (in registers when `E / G` is a power of two
+//! from 4 to 128 and `G <= 32`: each lane's 4-expert runs merged over the group's lanes with
+//! shuffles, then every group ranked against all others at once; otherwise through shared
+//! memory, lane `l` scoring groups `l, l + 32, ...`, and `Gk` selection rounds), `K` warp
+//! selection rounds (distinct picks, no overwriting; each lane caches its
 //! two best candidates, so a round is two `redux.sync` and a rescan only when the winner's cache
 //! runs dry), the
 //! weight denominator accumulated in slot order from the broadcast picks, one lane per output
