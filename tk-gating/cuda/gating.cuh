@@ -285,8 +285,10 @@ __device__ __forceinline__ void group_keys(u32 (&gkey)[NG], const float* base, u
 // mask_ep_tp (top2_sum_gate.rs), in its closed form (equal for id >= 0, see the Rust unit test):
 // with owner rank = id / r, -1 unless rank % tp == tp_rank, else (rank / tp) * r + id % r. The
 // launch checks that ids, r and tp fit in 31 bits, so 32-bit unsigned division suffices.
+// With tp == 1 (so tp_rank == 0) every id >= 0 maps to itself: the divisions are skipped.
 __device__ __forceinline__ i64 mask_ep_tp(i64 id, u32 r, u32 tp_rank, u32 tp) {
     if (id < 0) return -1;
+    if (tp == 1) return id;
     const u32 u = (u32)id, rank = u / r;
     if (rank % tp != tp_rank) return -1;
     return (i64)((rank / tp) * r + (u - rank * r));
