@@ -38,6 +38,15 @@ constexpr int N = 4 * ((TK_E + 127) / 128);  // row slots per lane
 constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
 constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
 constexpr bool SOFTMAX = TK_SCORING == 2;
+// Blocks per SM the register budget must allow: on sm_90, 8 (64 registers, 32 warps to hide
+// the latency of the exp/log1p chains) for elementwise scores on rows of 4 or 8 full slots per
+// lane, which fit without spilling; 4 otherwise (softmax and longer or ragged rows need more
+// registers, and sm_100's code for the same rows would spill at 64).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
+constexpr int MIN_BLOCKS = !SOFTMAX && (N == 4 || (N == 8 && TK_E % 128 == 0)) ? 8 : 4;
+#else
+constexpr int MIN_BLOCKS = 4;
+#endif
 
 // The score of one logit for an elementwise scoring function.
 __device__ __forceinline__ float score(float x) {
@@ -51,7 +60,7 @@ __device__ __forceinline__ float score(float x) {
 // Outputs: idx, w (T, K + S) contiguous. unmapped (T, K) row stride ldu or null. logits (T, E)
 // row stride ld; bias (E,) stride bs; mask, fix (T,) strides ms, fs or null; map (E + S, D)
 // strides (mp0, mp1) and count (E + S,) stride cs, or null. vec: 16-byte row loads allowed.
-extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
+extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     tk_top2_sum_gate(i64* __restrict__ idx, float* __restrict__ w, i64* __restrict__ unmapped, u64 ldu,
                      const float* __restrict__ logits, u64 ld, const float* __restrict__ bias, u64 bs,
                      const u8* __restrict__ mask, u64 ms, const u8* __restrict__ fix, u64 fs,
