@@ -11,8 +11,9 @@
 //
 // Per token: the logits row is loaded into registers (lane l owns experts i*128 + 4l + v, 16-byte
 // loads when aligned), one token ahead: the grid is at most one resident wave and each warp
-// prefetches its next token's row while routing the current one; scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
-// fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1);
+// prefetches its next token's row while routing the current one; scores as scoring.rs
+// (double-precision exp/log1p rounded once to fp32, IEEE fp32 for the rest; softmax's Z summed
+// per lane in slot order, then an XOR butterfly 16..1);
 // ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
 // scored by their top-2 sums and the GK best kept; experts of the other groups stop being
 // candidates. Power-of-two groups of 4..128 experts (G <= 32) stay in registers (REG_GROUPS
