@@ -3,9 +3,9 @@
 // * The selection order of tk-gating's ranking.rs as a u32 "order key": higher key = selected
 //   earlier; NaN above every number (all NaNs equal), -0.0 == +0.0, -inf an ordinary value.
 //   Key 0 (NONE) lies below every number: padding, non-candidates.
-// * Warp selection: round r takes the best (key, index) out of the candidates (its slot becomes
-//   NONE, which no real key equals), so picks are distinct even when -inf must be picked
-//   (upstream overwrites picks with -inf and can then repeat an index).
+// * Warp selection: round r takes the best (key, index) out of the candidates; a lane's remaining
+//   slots are those ranked after its last pick, so picks are distinct even when -inf must be
+//   picked (upstream overwrites picks with -inf and can then repeat an index).
 // * Scores exactly as scoring.rs: exp and log1p in double precision rounded once to fp32 (the
 //   construction of tk_core::math), every other step one IEEE fp32 operation (_rn intrinsics,
 //   so no FMA contraction).
@@ -27,12 +27,13 @@ constexpr u32 NONE = 0u;           // below every number
 constexpr u32 NAN_KEY = 0xfffffff0u;  // every NaN; above +inf (0xff800000)
 constexpr u32 NO_INDEX = 0xffffffffu;
 
-// The order key of x (see the file comment).
+// The order key of x (see the file comment), branch-free: x + 0 turns -0.0 into +0.0 and leaves
+// every other number unchanged; then negative bit patterns are inverted and positive ones get
+// the top bit (one LOP3 with the sign mask); NaN is replaced by NAN_KEY.
 __device__ __forceinline__ u32 order_key(float x) {
-    const u32 b = __float_as_uint(x);
-    if (x != x) return NAN_KEY;
-    if ((b << 1) == 0u) return 0x80000000u;  // +0.0 and -0.0 tie
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    const u32 b = __float_as_uint(__fadd_rn(x, 0.0f));
+    const u32 k = b ^ ((u32)((i32)b >> 31) | 0x80000000u);
+    return x != x ? NAN_KEY : k;
 }
 
 // True when (k, j) ranks strictly after (pk, pj): lower key, or equal key and larger index.
@@ -47,40 +48,85 @@ __device__ __forceinline__ u32 slot_index(int s, u32 lane) {
     return (u32)(s / A) * (32u * A) + lane * A + (u32)(s % A);
 }
 
-// One selection round over register slots key[N] (padding and removed slots hold NONE): the
-// warp's best key, ties to the smallest element index, is taken out (its slot set to NONE) and
-// returned with, when VAL, its val[] broadcast from the owning lane. Each lane's best is its
-// first maximal slot (slots are in increasing element order), then max key / min index across
-// lanes with two redux.sync. Every round needs a real (non-NONE) slot left somewhere.
+// Warp selection over register slots: each take() returns the warp's best remaining
+// (key, index), ties to the smaller element index, and takes it out. Lane `lane` owns slot s,
+// element slot_index<A>(s, lane), with key[s] (NONE: not a candidate) and, when VAL, val[s];
+// slots are in increasing element order and the arrays are not changed while selecting.
+// Each lane caches the first two of its remaining slots (its "top-2"); a round reduces the
+// lanes' firsts (max key, then min index: two redux.sync), the owner's value is broadcast,
+// and the winning lane moves its second up. A lane that wins with no second cached rescans its
+// slots ranked after that pick: its picks come in its own order, so those are exactly its
+// remaining slots. Rescans run only in rounds where the winner needs one (warp vote), so a
+// round costs a few instructions instead of a scan of all N slots. Every take() needs a
+// candidate left somewhere.
 struct Pick {
     u32 key, idx;
     float val;
 };
 template <int A, int N, bool VAL>
-__device__ __forceinline__ Pick warp_take(u32 (&key)[N], const float (&val)[N], u32 lane) {
-    u32 bk = NONE;
-    int bs = 0;
+struct WarpSelect {
+    const u32 (&key)[N];
+    const float (&val)[N];
+    const u32 lane;
+    u32 k1 = NONE, j1 = NO_INDEX, k2 = NONE, j2 = NO_INDEX;  // first and second remaining slot
+    float v1 = 0.0f, v2 = 0.0f;
+    bool has2 = true;  // (k2, j2, v2) is known (NONE: the lane has no second)
+
+    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l)
+        : key(k), val(v), lane(l) {
+        cache<true>(0u, 0u);
+    }
+
+    // The top-2 of this lane's slots (ALL) or of those ranked after (pk, pj); strict > keeps
+    // the first (smallest index) of equal keys.
+    template <bool ALL>
+    __device__ __forceinline__ void cache(u32 pk, u32 pj) {
+        k1 = k2 = NONE;
+        j1 = j2 = NO_INDEX;
 #pragma unroll
-    for (int s = 0; s < N; ++s) {
-        if (key[s] > bk) {
-            bk = key[s];
-            bs = s;
+        for (int s = 0; s < N; ++s) {
+            const u32 j = slot_index<A>(s, lane);
+            const u32 k = (ALL || ranks_after(key[s], j, pk, pj)) ? key[s] : NONE;
+            if (k > k1) {
+                k2 = k1;
+                j2 = j1;
+                k1 = k;
+                j1 = j;
+                if (VAL) {
+                    v2 = v1;
+                    v1 = val[s];
+                }
+            } else if (k > k2) {
+                k2 = k;
+                j2 = j;
+                if (VAL) v2 = val[s];
+            }
         }
+        has2 = true;
     }
-    const u32 k = __reduce_max_sync(FULL, bk);
-    const u32 j = slot_index<A>(bs, lane);
-    const u32 wj = __reduce_min_sync(FULL, bk == k ? j : NO_INDEX);
-    const bool mine = j == wj;  // only the owner's best can be the pick (lanes own distinct elements)
-    float v = 0.0f;
-#pragma unroll
-    for (int s = 0; s < N; ++s) {
-        const bool hit = mine && s == bs;
-        if (VAL) v = hit ? val[s] : v;
-        key[s] = hit ? NONE : key[s];
+
+    __device__ __forceinline__ Pick take() {
+        const u32 k = __reduce_max_sync(FULL, k1);
+        const u32 wj = __reduce_min_sync(FULL, k1 == k ? j1 : NO_INDEX);
+        float v = 0.0f;
+        if (VAL) v = __shfl_sync(FULL, v1, (wj / A) % 32u);
+        const bool won = j1 == wj;  // lanes own distinct elements: only the owner matches
+        const bool rescan = won && !has2;
+        if (won) {
+            k1 = k2;
+            j1 = j2;
+            v1 = v2;
+            k2 = NONE;
+            j2 = NO_INDEX;
+            has2 = false;
+        }
+        // With N <= 2 the first cache held every slot: an unknown second means none is left.
+        if (N > 2 && __any_sync(FULL, rescan)) {
+            if (rescan) cache<false>(k, wj);
+        }
+        return {k, wj, v};
     }
-    if (VAL) v = __shfl_sync(FULL, v, (wj / A) % 32u);
-    return {k, wj, v};
-}
+};
 
 // Rows too long for registers (topk_gate): a lane's best element ranked strictly after the
 // previous pick (pk, pj); nothing is removed, each round re-reads the row.
@@ -146,8 +192,9 @@ __device__ __forceinline__ float sqrt_softplus(float x) { return __fsqrt_rn(soft
 struct Top2 {
     u32 k1 = NONE, k2 = NONE;
     float v1 = 0.0f, v2 = 0.0f;
-    __device__ __forceinline__ void insert(float v) {
-        const u32 k = order_key(v);
+    __device__ __forceinline__ void insert(float v) { insert(order_key(v), v); }
+    // Inserts v with its order key k.
+    __device__ __forceinline__ void insert(u32 k, float v) {
         if (k > k1) {
             k2 = k1;
             v2 = v1;
@@ -188,7 +235,7 @@ __host__ __device__ constexpr u32 lanes_per_group(u32 g, u32 p) {
     return l;
 }
 
-// The group score keys of one token in the selection layout of warp_take<1, NG>: the key of
+// The group score keys of one token in the selection layout of WarpSelect<1, NG>: the key of
 // group q sits at element index q * L (L = lanes_per_group), so a pick's group is idx / L.
 // Group q's P values are base[q * gs + e], e < P. Equal keys only differ in the sign of zero or
 // a NaN payload, which leave a score's key unchanged, so the scan and merge orders are free:
@@ -238,8 +285,10 @@ __device__ __forceinline__ void group_keys(u32 (&gkey)[NG], const float* base, u
 // mask_ep_tp (top2_sum_gate.rs), in its closed form (equal for id >= 0, see the Rust unit test):
 // with owner rank = id / r, -1 unless rank % tp == tp_rank, else (rank / tp) * r + id % r. The
 // launch checks that ids, r and tp fit in 31 bits, so 32-bit unsigned division suffices.
+// With tp == 1 (so tp_rank == 0) every id >= 0 maps to itself: the divisions are skipped.
 __device__ __forceinline__ i64 mask_ep_tp(i64 id, u32 r, u32 tp_rank, u32 tp) {
     if (id < 0) return -1;
+    if (tp == 1) return id;
     const u32 u = (u32)id, rank = u / r;
     if (rank % tp != tp_rank) return -1;
     return (i64)((rank / tp) * r + (u - rank * r));

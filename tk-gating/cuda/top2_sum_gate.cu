@@ -10,12 +10,16 @@
 // to_physical_map + logical_count; S shared slots; the EP/TP ranks.
 //
 // Per token: the logits row is loaded into registers (lane l owns experts i*128 + 4l + v, 16-byte
-// loads when aligned); scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
-// fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1);
-// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the keys go through
-// shared memory, where the lanes score the groups by their top-2 sums (gating.cuh), GK warp rounds
-// pick the kept groups, and experts of the other groups stop being candidates. K warp rounds pick
-// the experts (gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
+// loads when aligned), one token ahead: the grid is at most one resident wave and each warp
+// prefetches its next token's row while routing the current one; scores as scoring.rs
+// (double-precision exp/log1p rounded once to fp32, IEEE fp32 for the rest; softmax's Z summed
+// per lane in slot order, then an XOR butterfly 16..1);
+// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
+// scored by their top-2 sums and the GK best kept; experts of the other groups stop being
+// candidates. Power-of-two groups of 4..128 experts (G <= 32) stay in registers (REG_GROUPS
+// below: per-run top-2s merged with shuffles, all groups ranked at once); other shapes go through
+// shared memory (group_keys, then GK warp rounds). K warp rounds pick the experts (WarpSelect,
+// gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
 // weight denominator 1e-20 + s0 + s1 + ... in slot order. Lane r % 32 then writes slot r: weight
 // (s / den) * rsf (1.0 for shared slots), replica (64-bit), EP/TP masking.
 #include "gating.cuh"
@@ -35,6 +39,15 @@ constexpr int N = 4 * ((TK_E + 127) / 128);  // row slots per lane
 constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
 constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
 constexpr bool SOFTMAX = TK_SCORING == 2;
+// Blocks per SM the register budget must allow: on sm_90, 8 (64 registers, 32 warps to hide
+// the latency of the exp/log1p chains) for elementwise scores on rows of 4 or 8 full slots per
+// lane, which fit without spilling; 4 otherwise (softmax and longer or ragged rows need more
+// registers, and sm_100's code for the same rows would spill at 64).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000
+constexpr int MIN_BLOCKS = !SOFTMAX && (N == 4 || (N == 8 && TK_E % 128 == 0)) ? 8 : 4;
+#else
+constexpr int MIN_BLOCKS = 4;
+#endif
 
 // The score of one logit for an elementwise scoring function.
 __device__ __forceinline__ float score(float x) {
@@ -48,7 +61,7 @@ __device__ __forceinline__ float score(float x) {
 // Outputs: idx, w (T, K + S) contiguous. unmapped (T, K) row stride ldu or null. logits (T, E)
 // row stride ld; bias (E,) stride bs; mask, fix (T,) strides ms, fs or null; map (E + S, D)
 // strides (mp0, mp1) and count (E + S,) stride cs, or null. vec: 16-byte row loads allowed.
-extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
+extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     tk_top2_sum_gate(i64* __restrict__ idx, float* __restrict__ w, i64* __restrict__ unmapped, u64 ldu,
                      const float* __restrict__ logits, u64 ld, const float* __restrict__ bias, u64 bs,
                      const u8* __restrict__ mask, u64 ms, const u8* __restrict__ fix, u64 fs,
@@ -57,10 +70,15 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #if TK_G > 0
     constexpr u32 G = TK_G, PG = TK_E / TK_G;
+    // Groups in registers: every 4-element run of a lane lies in one group and a group's part of
+    // each 128-element row vector is held by C = PG / 4 consecutive lanes (PG a power of two,
+    // 4 <= PG <= 128), so lane l holds group i * (128 / PG) + l / C in vector i. Otherwise the
+    // keys go through shared memory (group_keys).
+    constexpr bool REG_GROUPS = G <= 32 && PG % 4 == 0 && 128 % PG == 0;
     constexpr int NG = (TK_G + 31) / 32;
     constexpr u32 L = lanes_per_group(G, PG);
-    __shared__ float skey[TK_WARPS][E];  // per warp: the token's ranking keys (E,)
-    __shared__ u32 sgroup[TK_WARPS][G];  // per warp: group order keys (G,)
+    __shared__ float skey[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : E];  // per warp: keys (E,)
+    __shared__ u32 sgroup[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : G];  // per warp: group keys
 #endif
     const u32 P = K + S;
     float b[N];  // (N,) this lane's bias values, the same for every token
@@ -70,11 +88,19 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
         b[i] = j < E ? __ldg(bias + j * bs) : 0.0f;
     }
     const u64 warps = (u64)gridDim.x * TK_WARPS;
-    for (u64 t = (u64)blockIdx.x * TK_WARPS + warp; t < T; t += warps) {
+    const float pad = SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f;
+    u64 t = (u64)blockIdx.x * TK_WARPS + warp;
+    float xn[N];  // (N,) this lane's logits of token t, loaded one token ahead
+    if (t < T) load_row<N>(xn, logits + t * ld, E, lane, vec != 0, pad);
+    for (; t < T; t += warps) {
+        float x[N];  // (N,) this lane's logits
+#pragma unroll
+        for (int i = 0; i < N; ++i) x[i] = xn[i];
+        if (t + warps < T) load_row<N>(xn, logits + (t + warps) * ld, E, lane, vec != 0, pad);
         i64* io = idx + t * P;                                 // (P,)
         float* wo = w + t * P;                                 // (P,)
         i64* uo = unmapped ? unmapped + t * ldu : nullptr;     // (K,)
-        if (mask && mask[t * ms] == 0) {  // padding token: not routed, logits not read
+        if (mask && mask[t * ms] == 0) {  // padding token: not routed, logits unused
             for (u32 r = lane; r < P; r += 32) {
                 io[r] = -1;
                 wo[r] = 0.0f;
@@ -84,8 +110,6 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             continue;
         }
         const float* row = logits + t * ld;  // (E,)
-        float x[N];                          // (N,) this lane's logits
-        load_row<N>(x, row, E, lane, vec != 0, SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f);
 
         float s[N];  // (N,) scores
         float m = 0.0f, z = 0.0f;
@@ -122,6 +146,10 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
         }
         if (!fixed) {
             u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
+#if TK_G > 0
+            constexpr int NV = N / 4;
+            Top2 top[NV];  // (NV,) this lane's top-2 of each 4-element run (REG_GROUPS)
+#endif
 #pragma unroll
             for (int i = 0; i < N; ++i) {
                 const u32 j = slot_index<4>(i, lane);
@@ -130,41 +158,78 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, 4)
                     const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], b[i]);
                     key[i] = order_key(kf);
 #if TK_G > 0
-                    skey[warp][j] = kf;
+                    if constexpr (REG_GROUPS)
+                        top[i / 4].insert(key[i], kf);
+                    else
+                        skey[warp][j] = kf;
 #endif
                 }
             }
 #if TK_G > 0
             // Group-limited routing: keep the GK best groups by top-2 sums.
-            __syncwarp();
-            u32 gkey[NG];  // group q at element index q * L
-            float unused[NG] = {};
-            group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
+            if constexpr (REG_GROUPS) {
+                constexpr u32 C = PG / 4, GPV = 128 / PG;  // lanes per group run, groups per vector
+                u32 gkey[NV];  // (NV,) the key of group v * GPV + lane / C (NONE past G)
 #pragma unroll
-            for (int i = 0; i < NG; ++i)
-                if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
-            __syncwarp();
-            u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
-            for (u32 r = 0; r < TK_GK; ++r) {
-                const Pick p = warp_take<1, NG, false>(gkey, unused, lane);
-                gpk = p.key;
-                gpj = p.idx;
-            }
+                for (int v = 0; v < NV; ++v) {
 #pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const u32 j = slot_index<4>(i, lane);
-                if (j < E) {
-                    const u32 q = j / PG;
-                    if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
+                    for (u32 off = 1; off < C; off *= 2) top[v].merge_xor(off);
+                    gkey[v] = v * GPV + lane / C < G ? top[v].template score_key<2>() : NONE;
                 }
+                // Lane q < G takes group q's key (slot q / GPV of lane (q % GPV) * C) and ranks
+                // it against all G keys at once (higher key first, then the smaller group); the
+                // kept groups are those ranked below GK, as GK selection rounds would pick them.
+                u32 mine = NONE;
+#pragma unroll
+                for (int v = 0; v < NV; ++v) {
+                    const u32 kv = __shfl_sync(FULL, gkey[v], (lane % GPV) * C);
+                    if (lane / GPV == (u32)v && lane < G) mine = kv;
+                }
+                u32 rank = 0;
+#pragma unroll
+                for (u32 q = 0; q < G; ++q) {
+                    const u32 kq = __shfl_sync(FULL, mine, q);
+                    rank += (kq > mine || (kq == mine && q < lane)) ? 1u : 0u;
+                }
+                const u32 kept = __ballot_sync(FULL, lane < G && rank < TK_GK);  // bit q: kept
+#pragma unroll
+                for (int i = 0; i < N; ++i) {
+                    const u32 q = (i / 4) * GPV + lane / C;
+                    if (q >= G || ((kept >> q) & 1u) == 0) key[i] = NONE;  // not kept
+                }
+            } else {
+                __syncwarp();
+                u32 gkey[NG];  // group q at element index q * L
+                float unused[NG] = {};
+                group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
+#pragma unroll
+                for (int i = 0; i < NG; ++i)
+                    if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
+                __syncwarp();
+                u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
+                WarpSelect<1, NG, false> gsel(gkey, unused, lane);
+                for (u32 r = 0; r < TK_GK; ++r) {
+                    const Pick p = gsel.take();
+                    gpk = p.key;
+                    gpj = p.idx;
+                }
+#pragma unroll
+                for (int i = 0; i < N; ++i) {
+                    const u32 j = slot_index<4>(i, lane);
+                    if (j < E) {
+                        const u32 q = j / PG;
+                        if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
+                    }
+                }
+                __syncwarp();  // shared memory reads done before the next token's writes
             }
-            __syncwarp();  // shared memory reads done before the next token's writes
 #endif
             // K rounds of expert selection, best first.
+            WarpSelect<4, N, true> pick(key, s, lane);
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
-                    const Pick p = warp_take<4, N, true>(key, s, lane);
+                    const Pick p = pick.take();
                     den = __fadd_rn(den, p.val);
                     if (lane == rr) {
                         sel[c] = p.idx;

@@ -10,7 +10,8 @@
 //
 // One warp per token. Register path: the row sits in registers as order keys (lane l owns
 // elements i*128 + 4l + v), loaded with 16-byte loads when the row is 16-byte aligned; then k
-// rounds that take the best (key, index) out (two redux.sync per round, gating.cuh). Streamed
+// rounds that take the best (key, index) out (WarpSelect: per-lane cached top-2, two redux.sync
+// per round, a rescan of the winning lane's slots only when its cache runs dry). Streamed
 // path: each round re-reads the row and picks the best element ranked after the previous pick.
 // Lane r % 32 keeps pick r; the picks are stored 32 at a time as int64.
 #include "gating.cuh"
@@ -50,12 +51,14 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         for (int s = 0; s < N; ++s) key[s] = slot_index<4>(s, lane) < E ? order_key(x[s]) : NONE;
 #endif
         u32 mine = 0;
-#if TK_NV == 0
+#if TK_NV > 0
+        WarpSelect<4, N, false> sel(key, x, lane);
+#else
         u32 pk = FIRST_KEY, pj = FIRST_IDX;  // the last pick
 #endif
         for (u32 r = 0; r < K; ++r) {
 #if TK_NV > 0
-            const Pick p = warp_take<4, N, false>(key, x, lane);
+            const Pick p = sel.take();
 #else
             Best b;
             for (u32 j0 = 4 * lane; j0 < E; j0 += 128)

@@ -53,8 +53,9 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         group_keys<TK_NSUM, G, P, NG>(key, base, gs, lane);
         i64* o = out + t * GK;  // (GK,)
         u32 mine = 0;
+        WarpSelect<1, NG, false> sel(key, unused, lane);
         for (u32 r = 0; r < GK; ++r) {
-            const Pick p = warp_take<1, NG, false>(key, unused, lane);
+            const Pick p = sel.take();
             if (lane == r % 32) mine = p.idx / lanes_per_group(G, P);
             if (r % 32 == 31 || r + 1 == GK) {
                 const u32 b = r - r % 32;

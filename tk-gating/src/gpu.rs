@@ -2,10 +2,11 @@
 //! the one-warp-per-token launch shape, output and placement checks, and the registry of every
 //! kernel specialisation the crate's tests, benches and the DeepSeek-V3 / V4 configurations use.
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaFunction, LaunchConfig};
 pub(crate) use tk_core::validate::{
     check_contiguous as check_out, check_same_device as check_device,
 };
+use tk_core::error::DriverContext;
 use tk_core::{Device, KernelSpec, Result, TkError};
 
 use crate::scoring::ScoringFunc;
@@ -29,6 +30,23 @@ pub(crate) fn token_grid(num_tokens: usize) -> LaunchConfig {
         block_dim: (32 * WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// [`token_grid`] capped at one resident wave of `f` on `dev` (blocks per SM from the driver's
+/// occupancy calculator): for kernels whose warps prefetch their next token while routing the
+/// current one, so that every warp but the last few has a next token.
+pub(crate) fn resident_token_grid(
+    dev: &Device,
+    f: &CudaFunction,
+    num_tokens: usize,
+) -> Result<LaunchConfig> {
+    let mut cfg = token_grid(num_tokens);
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(cfg.block_dim.0, 0, None)
+        .ctx("querying the occupancy of a gating kernel")?;
+    let wave = (per_sm.max(1) as u64 * dev.props().sm_count.max(1) as u64).min(u32::MAX as u64);
+    cfg.grid_dim.0 = cfg.grid_dim.0.min(wave as u32);
+    Ok(cfg)
 }
 
 /// The kernels count tokens in 32 bits.

@@ -25,7 +25,7 @@
 //! # Semantics, per token `t` (row of `logits`, padded rows included)
 //!
 //! 1. **Masked** (`mask[t] == 0`): `topk_idx[t, :] = -1`, `topk_weights[t, :] = 0.0`,
-//!    `unmapped_topk_idx[t, :] = -1`. The row's logits are not read (they may be non-finite).
+//!    `unmapped_topk_idx[t, :] = -1`. The row's logits are not used (they may be non-finite).
 //! 2. **Scores** `s_j = f(logits[t, j])` ([`crate::scoring`]: sigmoid, sqrt-softplus, or softmax
 //!    over the whole row).
 //! 3. **Ranking key** `r_j = s_j + bias_j` for sigmoid / sqrt-softplus; `r_j = logits[t, j] +
@@ -91,9 +91,15 @@
 //! # GPU kernel (feature `cuda`)
 //!
 //! `cuda/top2_sum_gate.cu`, specialised on `(E, K, G, Gk, scoring_func)`; the mask, fix
-//! routing, physical map, `S` and the ranks are run-time arguments. One warp per token: the row
-//! in registers, scores, keys, group top-2 sums through shared memory (lane `l` scores groups
-//! `l, l + 32, ...`), `Gk` then `K` warp selection rounds (distinct picks, no overwriting), the
+//! routing, physical map, `S` and the ranks are run-time arguments. One warp per token, the grid
+//! at most one resident wave, each warp prefetching its next token's row: the row
+//! in registers, scores, keys, group top-2 sums (in registers when `E / G` is a power of two
+//! from 4 to 128 and `G <= 32`: each lane's 4-expert runs merged over the group's lanes with
+//! shuffles, then every group ranked against all others at once; otherwise through shared
+//! memory, lane `l` scoring groups `l, l + 32, ...`, and `Gk` selection rounds), `K` warp
+//! selection rounds (distinct picks, no overwriting; each lane caches its
+//! two best candidates, so a round is two `redux.sync` and a rescan only when the winner's cache
+//! runs dry), the
 //! weight denominator accumulated in slot order from the broadcast picks, one lane per output
 //! slot. No host sync.
 //!
@@ -664,7 +670,7 @@ mod gpu {
     };
 
     use super::{Top2SumGateLayouts, Top2SumGateParams, Top2SumGateShape, MAX_GPU_EXPERTS};
-    use crate::gpu::{check_device, check_out, check_tokens, token_grid, HEADERS, WARPS};
+    use crate::gpu::{check_device, check_out, check_tokens, resident_token_grid, HEADERS, WARPS};
     use crate::scoring::ScoringFunc;
 
     static SOURCE: KernelSource = KernelSource {
@@ -918,6 +924,7 @@ mod gpu {
             params.scoring_func,
         ))?;
         let (idx_addr, w_addr) = (topk_idx.address(), topk_weights.address());
+        let cfg = resident_token_grid(dev, &f, shape.num_tokens)?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&idx_addr)
             .arg(&w_addr)
@@ -953,7 +960,7 @@ mod gpu {
         // from logits only when in 0..E. It writes the contiguous (T, K + S) outputs and
         // unmapped[t * ldu + k]. Null addresses are never dereferenced (the kernel tests them).
         // All buffers outlive the stream-ordered launch.
-        unsafe { l.launch(token_grid(shape.num_tokens)) }.ctx("launching tk_top2_sum_gate")?;
+        unsafe { l.launch(cfg) }.ctx("launching tk_top2_sum_gate")?;
         Ok(())
     }
 }

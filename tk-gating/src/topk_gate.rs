@@ -26,9 +26,12 @@
 //!
 //! **GPU kernel** (`cuda/topk_gate.cu`, feature `cuda`), specialised on `(E, k)`: one warp per
 //! token. For `E <= 1024` the row sits in registers as order keys (16-byte loads when the row
-//! is 16-byte aligned) and each of the `k` rounds picks the best `(key, index)` ranked after
-//! the previous pick with two `redux.sync` reductions — nothing is overwritten, so indices are
-//! distinct; longer rows are re-read (from L1/L2) every round. The op never synchronises with
+//! is 16-byte aligned); each lane caches its two best remaining candidates, and each of the
+//! `k` rounds takes the warp's best `(key, index)` with two `redux.sync` reductions, the winning
+//! lane moving its second candidate up (and rescanning its candidates ranked after the pick
+//! only when its cache runs dry) — nothing is overwritten, so indices are distinct; longer rows
+//! are re-read (from L1/L2) every round, each lane keeping its best ranked after the previous
+//! pick. The op never synchronises with
 //! the host. Results equal the CPU reference bit for bit (no arithmetic), NaN and `±inf`
 //! included.
 
