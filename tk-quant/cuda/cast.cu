@@ -78,12 +78,6 @@ __device__ __forceinline__ void store_sf(const Params& p, u64 mb, u64 kb, float 
 #endif
 
 #if TK_MODE != 1
-// Bytes q[at..at+4] as one little-endian word.
-template <int N>
-__device__ __forceinline__ u32 pack4(const u8 (&q)[N], int at) {
-    return q[at] | q[at + 1] << 8 | q[at + 2] << 16 | (u32)q[at + 3] << 24;
-}
-
 #if TK_FMT == 2
 // E5M6 ("enc12", spec/quant.md 1.3) of the 8 values v * inv: round-toward-zero binary16, then
 // the 17-low-bit adjustment; packed into three little-endian words (c0 most significant).
@@ -105,19 +99,21 @@ __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&
 // Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
 __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
-    u8 q[VEC];  // (VEC,) e4m3 codes
+    u32 q[VEC / 4];  // (VEC/4,) words of 4 e4m3 codes, little-endian
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) q[j] = (u8)tkq::e4m3_code(__fmul_rn(v[j], inv[j]));
+    for (int j = 0; j < VEC / 4; ++j)
+        q[j] = tkq::e4m3_code2(__fmul_rn(v[4 * j], inv[4 * j]), __fmul_rn(v[4 * j + 1], inv[4 * j + 1])) |
+               tkq::e4m3_code2(__fmul_rn(v[4 * j + 2], inv[4 * j + 2]), __fmul_rn(v[4 * j + 3], inv[4 * j + 3])) << 16;
     u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c0;  // (VEC,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
-        *reinterpret_cast<uint2*>(dst) = make_uint2(pack4(q, 0), pack4(q, 4));
+        *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[VEC / 8]);
     else
-        *reinterpret_cast<u32*>(dst) = pack4(q, 0);
+        *reinterpret_cast<u32*>(dst) = q[0];
 #else
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-        if (c0 + j < p.k) dst[j] = q[j];
+        if (c0 + j < p.k) dst[j] = (u8)(q[j / 4] >> (8 * (j % 4)));
 #endif
 #elif TK_FMT == 2
     u32 w[3];  // (3,) packed words of 8 E5M6 codes
@@ -131,20 +127,20 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
     for (int b = 0; b < 12; ++b) dst[b] = (u8)(w[b / 4] >> (8 * (b % 4)));
 #endif
 #else
-    u8 q[VEC / 2];  // (VEC/2,) packed e2m1 pairs, even column in the low nibble
+    float y[VEC];  // (VEC,) values to encode
 #pragma unroll
-    for (int j = 0; j < VEC / 2; ++j)
-        q[j] = (u8)(tkq::e2m1_code(__fmul_rn(v[2 * j], inv[2 * j])) | tkq::e2m1_code(__fmul_rn(v[2 * j + 1], inv[2 * j + 1])) << 4);
+    for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(v[j], inv[j]);
+    const u32 q = tkq::e2m1_pack(y);  // (VEC/2,) bytes of packed e2m1 pairs, even column in the low nibble
     u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
-        *reinterpret_cast<u32*>(dst) = pack4(q, 0);
+        *reinterpret_cast<u32*>(dst) = q;
     else
-        *reinterpret_cast<u16*>(dst) = (u16)(q[0] | q[1] << 8);
+        *reinterpret_cast<u16*>(dst) = (u16)q;
 #else
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j)
-        if (c0 + 2 * j < p.k) dst[j] = q[j];
+        if (c0 + 2 * j < p.k) dst[j] = (u8)(q >> (8 * j));
 #endif
 #endif
 }
