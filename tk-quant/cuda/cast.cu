@@ -47,6 +47,15 @@ struct Params {
 #define TK_EPS __uint_as_float(0x01C00000u)  // 6 * 2^-126
 #endif
 
+#if TK_IN == 1
+// Lane-wise max of two bf16 pairs; a NaN lane gives the other operand's lane (PTX max.bf16x2).
+__device__ __forceinline__ u32 bf16x2_max(u32 a, u32 b) {
+    u32 d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+#endif
+
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
 // Columns >= K give 0.
 __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u64 c0, float (&v)[VEC]) {
@@ -62,6 +71,27 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
         for (int j = 0; j < VEC; ++j)
             if (c0 + j < p.k) v[j] = __fmul_rn(v[j], in_scale(reinterpret_cast<const void*>(p.x_sf), p.xsf_s0, p.xsf_s1, r / TK_IH, (c0 + j) / TK_IW));
     }
+#endif
+}
+
+// max(0, |v_j|) over the fragment's values (NaN ignored), exactly as fmaxf over values() gives.
+// bf16: |x| of a pair by clearing both sign bits, then max.bf16x2 (which, like fmaxf, returns
+// the other operand when one is NaN) over the 4 words and fmaxf of the two halves: 9
+// instructions per 8 values instead of 16 (decode + fmaxf each).
+__device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, u64 r, u64 c0) {
+#if TK_IN == 1
+    (void)p; (void)r; (void)c0;
+    u32 m = raw.w[0] & 0x7FFF7FFFu;  // (2,) bf16 |x|
+#pragma unroll
+    for (int w = 1; w < RAW_WORDS; ++w) m = bf16x2_max(m, raw.w[w] & 0x7FFF7FFFu);
+    return fmaxf(fmaxf(0.0f, __uint_as_float(m << 16)), __uint_as_float(m & 0xFFFF0000u));
+#else
+    float v[VEC];  // (VEC,) values
+    values(p, raw, r, c0, v);
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[j]));
+    return a;
 #endif
 }
 
@@ -199,11 +229,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const bool row_ok = col_ok && r0 + i < p.m;
-                float v[VEC];  // (VEC,) values of row r0 + i
-                values(p, raw[i], r0 + i, c0, v);
-                float a = 0.0f;
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[j]));
+                float a = frag_amax(p, raw[i], r0 + i, c0);
 #pragma unroll
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
                 float sf, inv;
@@ -211,7 +237,8 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 const u64 kb = c0 / TK_BK;
                 if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
 #if TK_MODE == 0
-                float iv[VEC];
+                float v[VEC], iv[VEC];  // (VEC,) values of row r0 + i and their inverse scale
+                values(p, raw[i], r0 + i, c0, v);
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv;
                 if (row_ok) store_frag(p, r0 + i, c0, v, iv);
@@ -230,19 +257,42 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     inv[i][b] = __frcp_rn(sf[i][b]);
                 }
 #else
-            float am[NR][NB];
+            float am[NR][NB];  // block maxima of |v| (NaN ignored)
+#if TK_IN == 1 && TK_BK == 1
+            // bf16 per-channel blocks: the column maxima stay packed bf16 pairs through the rows
+            // and the shuffles across the warp's row groups (half the instructions and shuffles).
+            u32 amp[RAW_WORDS];  // (VEC/2,) packed column maxima of |x|
+#pragma unroll
+            for (int w = 0; w < RAW_WORDS; ++w) amp[w] = 0;
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+#pragma unroll
+                for (int w = 0; w < RAW_WORDS; ++w) amp[w] = bf16x2_max(amp[w], raw[i].w[w] & 0x7FFF7FFFu);
+#pragma unroll
+            for (int o = LX; o < 32; o <<= 1)
+#pragma unroll
+                for (int w = 0; w < RAW_WORDS; ++w) amp[w] = bf16x2_max(amp[w], __shfl_xor_sync(0xFFFFFFFFu, amp[w], o));
+#pragma unroll
+            for (int w = 0; w < RAW_WORDS; ++w) {
+                am[0][2 * w] = __uint_as_float(amp[w] << 16);
+                am[0][2 * w + 1] = __uint_as_float(amp[w] & 0xFFFF0000u);
+            }
+            if (TK_BM > 1) {
+#else
 #pragma unroll
             for (int i = 0; i < NR; ++i)
 #pragma unroll
                 for (int b = 0; b < NB; ++b) am[i][b] = 0.0f;
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                float v[VEC];
-                values(p, raw[i], r0 + i, c0, v);
+                float& a0 = am[TK_BM == 1 ? i : 0][0];
+                if constexpr (TK_BK == 1) {
+                    float v[VEC];  // (VEC,) values of row r0 + i, one block column each
+                    values(p, raw[i], r0 + i, c0, v);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    float& a = am[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
-                    a = fmaxf(a, fabsf(v[j]));
+                    for (int j = 0; j < VEC; ++j) am[0][TK_BK == 1 ? j : 0] = fmaxf(am[0][TK_BK == 1 ? j : 0], fabsf(v[j]));
+                } else {
+                    a0 = fmaxf(a0, frag_amax(p, raw[i], r0 + i, c0));
                 }
             }
 #pragma unroll
@@ -254,6 +304,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 for (int o = LX; o < 32; o <<= 1)
 #pragma unroll
                     for (int b = 0; b < NB; ++b) am[0][b] = fmaxf(am[0][b], __shfl_xor_sync(0xFFFFFFFFu, am[0][b], o));
+#endif
                 if (ly == 0) {
 #pragma unroll
                     for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
@@ -325,11 +376,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
-            if (c0 >= p.k) continue;
-            float v[VEC];
-            values(p, raw[i], r, c0, v);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) am = fmaxf(am, fabsf(v[j]));
+            if (c0 < p.k) am = fmaxf(am, frag_amax(p, raw[i], r, c0));
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));

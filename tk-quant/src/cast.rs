@@ -225,14 +225,35 @@ impl CastKernel {
         };
         match self.whole_row {
             Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
-            // At least 4 resident CTAs (32 warps, 64 registers) per SM for the per-token
-            // tiling of plain input (measured: 4 beats 3; 5 spills), 2 for quantized input and
-            // the taller blocks (more live state per thread: more would make them spill).
-            None => {
-                let plain = !matches!(self.input, InputKind::Quantized { .. });
-                let minb = if self.block.0 == 1 && plain { 4 } else { 2 };
-                s.define("TK_LX", self.lx()).define("TK_MINB", minb)
-            }
+            None => s
+                .define("TK_LX", self.lx())
+                .define("TK_MINB", self.min_blocks()),
+        }
+    }
+
+    /// The tiled path's minimum resident CTAs per SM (`TK_MINB`: 4 → at most 64 registers,
+    /// 3 → 80, 2 → 128), from the raw input words a thread holds across its rows (ptxas,
+    /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
+    /// blocks) → 4 (measured: 4 beats 3 per token); the per-channel tile (32 words) → 4 with
+    /// vector accesses and power-of-two scales, else 3; up to 32 words → 3; more → 2.
+    /// Quantized input (input scales and decoding live as well) → 2.
+    fn min_blocks(&self) -> usize {
+        if matches!(self.input, InputKind::Quantized { .. }) {
+            return 2;
+        }
+        let (bm, bk) = self.block;
+        let rows = if bm == 1 {
+            4
+        } else {
+            bm / (8 * (32 / self.lx()))
+        };
+        let words = rows * self.vec() * self.input.bits() / 32;
+        if words <= 16 || (words <= 32 && bk == 1 && self.round_sf && self.vecio) {
+            4
+        } else if words <= 32 {
+            3
+        } else {
+            2
         }
     }
 
