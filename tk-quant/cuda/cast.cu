@@ -179,10 +179,12 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #if TK_BK > 0
 // ---------------------------------------------------------------------------------------------
 // Tiled path. CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
-// (ly, lx) of warp w owns the fragments of rows tile_m*TM + (w*LY + ly)*RPT + i (i < RPT) at
-// columns tile_k*LX*VEC + lx*VEC .. (+VEC). BM == 1: each row is its own block row;
-// BM > 1: the tile's rows are one block row (TM == BM). A column block is LK = BK/VEC adjacent
-// lanes (BK >= VEC) or a single column (BK == 1).
+// (ly, lx) of warp w owns the FK adjacent fragments of rows tile_m*TM + (w*LY + ly)*RPT + i
+// (i < RPT) at columns tile_k*TKC + lx*FK*VEC .. (+FK*VEC). BM == 1: each row is its own block
+// row; BM > 1: the tile's rows are one block row (TM == BM). A column block is LK =
+// BK/(FK*VEC) adjacent lanes (BK >= FK*VEC) or a single column (BK == 1). FK = 2 (per-token
+// casts of plain input) halves the per-row work per value (block max shuffles, scale, scale
+// store) at the same registers (half the rows per thread).
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_LX
 #error "TK_LX (lanes along K) must be defined for the tiled path"
@@ -192,14 +194,19 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #endif
 constexpr int WARPS = 8;
 constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)
-constexpr int RPT = TK_BM == 1 ? 4 : TK_BM / (WARPS * LY);  // rows per thread
-constexpr int TM = WARPS * LY * RPT;                        // rows per tile
-constexpr int TKC = LX * VEC;                               // columns per tile
-constexpr int NR = TK_BM == 1 ? RPT : 1;                    // block rows per thread
-constexpr int NB = TK_BK == 1 ? VEC : 1;                    // block columns per thread
-constexpr int LK = TK_BK == 1 ? 1 : TK_BK / VEC;            // lanes per block column
+#ifndef TK_FK
+#error "TK_FK (adjacent fragments per thread along K) must be defined for the tiled path"
+#endif
+constexpr int FK = TK_FK;                                        // fragments per thread along K
+constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WARPS * LY);  // rows per thread
+constexpr int TM = WARPS * LY * RPT;                             // rows per tile
+constexpr int TKC = LX * VEC * FK;                               // columns per tile
+constexpr int NR = TK_BM == 1 ? RPT : 1;                         // block rows per thread
+constexpr int NB = TK_BK == 1 ? VEC : 1;                         // block columns per thread
+constexpr int LK = TK_BK == 1 ? 1 : TK_BK / (VEC * FK);          // lanes per block column
+static_assert(FK == 1 || (FK == 2 && TK_BM == 1 && TK_MODE != 2 && TK_IN < 2), "FK = 2: per-token casts of plain input");
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
-static_assert(TK_BK == 1 || (TK_BK % VEC == 0 && TKC % TK_BK == 0), "BK must be 1 or VEC * 2^j <= LX * VEC");
+static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK must be 1 or FK * VEC * 2^j <= TKC");
 
 #ifndef TK_MINB
 #error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
@@ -214,22 +221,27 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     for (u64 ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
         for (u64 tx = blockIdx.x; tx < gx; tx += gridDim.x) {
             const u64 tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
-            const u64 c0 = tk * TKC + lx * VEC;                  // first column of this thread's fragments
+            const u64 c0 = tk * TKC + lx * FK * VEC;             // first column of this thread's fragments
             const u64 r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < p.k;
-            Raw raw[RPT];  // (RPT rows, VEC columns)
+            Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                if (col_ok && r0 + i < p.m) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0);
-                else for (int w = 0; w < RAW_WORDS; ++w) raw[i].w[w] = 0;
-            }
+            for (int i = 0; i < RPT; ++i)
+#pragma unroll
+                for (int f = 0; f < FK; ++f) {
+                    Raw& rf = raw[i * FK + f];
+                    if (c0 + f * VEC < p.k && r0 + i < p.m) rf = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0 + f * VEC);
+                    else for (int w = 0; w < RAW_WORDS; ++w) rf.w[w] = 0;
+                }
 #if TK_BM == 1 && TK_MODE != 2
             // Per-token blocks: one row at a time (amax, scale, cast), so that only the raw
             // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const bool row_ok = col_ok && r0 + i < p.m;
-                float a = frag_amax(p, raw[i], r0 + i, c0);
+                float a = frag_amax(p, raw[i * FK], r0 + i, c0);
+#pragma unroll
+                for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
 #pragma unroll
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
                 float sf, inv;
@@ -237,11 +249,15 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 const u64 kb = c0 / TK_BK;
                 if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
 #if TK_MODE == 0
-                float v[VEC], iv[VEC];  // (VEC,) values of row r0 + i and their inverse scale
-                values(p, raw[i], r0 + i, c0, v);
+                float iv[VEC];  // (VEC,) inverse scale of row r0 + i
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv;
-                if (row_ok) store_frag(p, r0 + i, c0, v, iv);
+#pragma unroll
+                for (int f = 0; f < FK; ++f) {
+                    float v[VEC];  // (VEC,) values of fragment f
+                    values(p, raw[i * FK + f], r0 + i, c0 + f * VEC, v);
+                    if (row_ok && c0 + f * VEC < p.k) store_frag(p, r0 + i, c0 + f * VEC, v, iv);
+                }
 #endif
             }
             continue;
