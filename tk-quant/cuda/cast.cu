@@ -206,6 +206,7 @@ constexpr int NB = TK_BK == 1 ? VEC : 1;                         // block column
 constexpr int LK = TK_BK == 1 ? 1 : TK_BK / (VEC * FK);          // lanes per block column
 static_assert(FK == 1 || (FK == 2 && TK_BM == 1 && TK_MODE != 2 && TK_IN < 2), "FK = 2: per-token casts of plain input");
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
+static_assert(LX * NB <= WARPS * 32, "one thread per block column of a tile");
 static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK must be 1 or FK * VEC * 2^j <= TKC");
 
 #ifndef TK_MINB
@@ -213,6 +214,7 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 #endif
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
+    __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;
     // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands);
@@ -326,27 +328,40 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
                 }
                 __syncthreads();
-#pragma unroll
-                for (int b = 0; b < NB; ++b) {
+                // One thread per block column of the tile (LX * NB <= 256) folds the warps'
+                // maxima, computes the scale once (not once per row group of every warp: 8 * LY
+                // times; per-channel tiles: 8 divisions per thread -> at most 1) and stores it;
+                // every thread reads its inverse scales back. red and scl are rewritten by the
+                // next tile only after its first barrier, which follows these reads.
+                if (threadIdx.x < LX * NB) {
+                    const u32 t = threadIdx.x, tlx = t / NB, tb = t % NB;  // block column t: lane tlx, column tb
                     float a = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][lx * NB + b]);
-                    am[0][b] = a;
+                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][t]);
+                    float s, iv;
+                    compute_scale(a, s, iv);
+                    scl[t] = iv;
+                    const u64 tc0 = tk * TKC + tlx * VEC;  // first column of lane tlx (FK == 1)
+                    const u64 kb = TK_BK == 1 ? tc0 + tb : tc0 / TK_BK;
+                    if (tc0 < p.k && tlx % LK == 0 && tm < p.nbm && kb < p.nbk) store_sf(p, tm, kb, s);
                 }
-                __syncthreads();  // red is reused by the next tile
-            }
+                __syncthreads();
 #pragma unroll
-            for (int i = 0; i < NR; ++i)
-#pragma unroll
-                for (int b = 0; b < NB; ++b) compute_scale(am[i][b], sf[i][b], inv[i][b]);
-            if (col_ok && lx % LK == 0 && (TK_BM == 1 || (warp == 0 && ly == 0))) {
+                for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
+            } else {
 #pragma unroll
                 for (int i = 0; i < NR; ++i)
 #pragma unroll
-                    for (int b = 0; b < NB; ++b) {
-                        const u64 mb = TK_BM == 1 ? r0 + i : tm, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
-                        if (mb < p.nbm && kb < p.nbk) store_sf(p, mb, kb, sf[i][b]);
-                    }
+                    for (int b = 0; b < NB; ++b) compute_scale(am[i][b], sf[i][b], inv[i][b]);
+                if (col_ok && lx % LK == 0) {
+#pragma unroll
+                    for (int i = 0; i < NR; ++i)
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) {
+                            const u64 mb = r0 + i, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
+                            if (mb < p.nbm && kb < p.nbk) store_sf(p, mb, kb, sf[i][b]);
+                        }
+                }
             }
 #endif
 #if TK_MODE != 1

@@ -92,7 +92,7 @@ __device__ __forceinline__ u32 e2m1_pack(const float (&y)[N]) {
         b[h] = n | n >> 4;  // bytes 0 and 2: two nibbles each
     }
     if constexpr (N == 8) return __byte_perm(b[0], b[1], 0x6420);
-    else return __byte_perm(b[0], 0, 0x20);
+    else return __byte_perm(b[0], 0, 0x4420);
 }
 
 // Stores S[mb, kb] (mb < nbm, kb < nbk) of a scale grid in layout LAYOUT (0: A row-major fp32

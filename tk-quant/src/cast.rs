@@ -236,8 +236,8 @@ impl CastKernel {
     /// The tiled path's minimum resident CTAs per SM (`TK_MINB`: 4 → at most 64 registers,
     /// 3 → 80, 2 → 128), from the raw input words a thread holds across its rows (ptxas,
     /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
-    /// blocks) → 4 (measured: 4 beats 3 per token); the per-channel tile (32 words) → 4 with
-    /// vector accesses and power-of-two scales, else 3; up to 32 words → 3; more → 2.
+    /// blocks) → 4 (measured: 4 beats 3 per token); the per-channel tile (32 words, but one
+    /// scale computation per thread) → 4; up to 32 words → 3; more → 2.
     /// Quantized input (input scales and decoding live as well) → 2.
     fn min_blocks(&self) -> usize {
         if matches!(self.input, InputKind::Quantized { .. }) {
@@ -251,7 +251,7 @@ impl CastKernel {
             bm / (8 * (32 / self.lx()))
         };
         let words = rows * self.vec() * self.input.bits() / 32;
-        if words <= 16 || (words <= 32 && bk == 1 && self.round_sf && self.vecio) {
+        if words <= 16 || bk == 1 {
             4
         } else if words <= 32 {
             3
