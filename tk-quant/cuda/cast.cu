@@ -114,11 +114,15 @@ __device__ __forceinline__ void store_sf(const Params& p, u64 mb, u64 kb, float 
 __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&inv)[VEC], u32* w) {  // w: (3,) words
     u32 c[8];  // (8,) 12-bit codes
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float x = __fmul_rn(v[j], inv[j]);
-        u32 t = (u32)__half_as_ushort(__float2half_rz(x)) >> 4;
-        if ((t & 1) + (__float_as_uint(x) & 0x1FFFFu) > 0x10000u) ++t;
-        c[j] = t & 0xFFF;
+    for (int j = 0; j < 8; j += 2) {
+        const float x0 = __fmul_rn(v[j], inv[j]), x1 = __fmul_rn(v[j + 1], inv[j + 1]);
+        u32 h;  // (2,) binary16 RZ(x0) low, RZ(x1) high: __float2half_rz of each, one conversion
+        asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+        u32 t0 = (h & 0xFFFFu) >> 4, t1 = h >> 20;
+        if ((t0 & 1) + (__float_as_uint(x0) & 0x1FFFFu) > 0x10000u) ++t0;
+        if ((t1 & 1) + (__float_as_uint(x1) & 0x1FFFFu) > 0x10000u) ++t1;
+        c[j] = t0 & 0xFFF;
+        c[j + 1] = t1 & 0xFFF;
     }
     w[0] = c[0] << 20 | c[1] << 8 | c[2] >> 4;
     w[1] = (c[2] & 0xF) << 28 | c[3] << 16 | c[4] << 4 | c[5] >> 8;
