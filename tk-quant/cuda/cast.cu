@@ -47,6 +47,15 @@ struct Params {
 #define TK_EPS __uint_as_float(0x01C00000u)  // 6 * 2^-126
 #endif
 
+#if TK_IN == 1
+// Lane-wise max of two bf16 pairs; a NaN lane gives the other operand's lane (PTX max.bf16x2).
+__device__ __forceinline__ u32 bf16x2_max(u32 a, u32 b) {
+    u32 d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+#endif
+
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
 // Columns >= K give 0.
 __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u64 c0, float (&v)[VEC]) {
@@ -65,6 +74,27 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
 #endif
 }
 
+// max(0, |v_j|) over the fragment's values (NaN ignored), exactly as fmaxf over values() gives.
+// bf16: |x| of a pair by clearing both sign bits, then max.bf16x2 (which, like fmaxf, returns
+// the other operand when one is NaN) over the 4 words and fmaxf of the two halves: 9
+// instructions per 8 values instead of 16 (decode + fmaxf each).
+__device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, u64 r, u64 c0) {
+#if TK_IN == 1
+    (void)p; (void)r; (void)c0;
+    u32 m = raw.w[0] & 0x7FFF7FFFu;  // (2,) bf16 |x|
+#pragma unroll
+    for (int w = 1; w < RAW_WORDS; ++w) m = bf16x2_max(m, raw.w[w] & 0x7FFF7FFFu);
+    return fmaxf(fmaxf(0.0f, __uint_as_float(m << 16)), __uint_as_float(m & 0xFFFF0000u));
+#else
+    float v[VEC];  // (VEC,) values
+    values(p, raw, r, c0, v);
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[j]));
+    return a;
+#endif
+}
+
 // (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4).
 __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
     tkq::scale_pair<TK_ROUND != 0>(amax, TK_EPS, TK_Q, sf, inv);
@@ -78,23 +108,21 @@ __device__ __forceinline__ void store_sf(const Params& p, u64 mb, u64 kb, float 
 #endif
 
 #if TK_MODE != 1
-// Bytes q[at..at+4] as one little-endian word.
-template <int N>
-__device__ __forceinline__ u32 pack4(const u8 (&q)[N], int at) {
-    return q[at] | q[at + 1] << 8 | q[at + 2] << 16 | (u32)q[at + 3] << 24;
-}
-
 #if TK_FMT == 2
 // E5M6 ("enc12", spec/quant.md 1.3) of the 8 values v * inv: round-toward-zero binary16, then
 // the 17-low-bit adjustment; packed into three little-endian words (c0 most significant).
 __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&inv)[VEC], u32* w) {  // w: (3,) words
     u32 c[8];  // (8,) 12-bit codes
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float x = __fmul_rn(v[j], inv[j]);
-        u32 t = (u32)__half_as_ushort(__float2half_rz(x)) >> 4;
-        if ((t & 1) + (__float_as_uint(x) & 0x1FFFFu) > 0x10000u) ++t;
-        c[j] = t & 0xFFF;
+    for (int j = 0; j < 8; j += 2) {
+        const float x0 = __fmul_rn(v[j], inv[j]), x1 = __fmul_rn(v[j + 1], inv[j + 1]);
+        u32 h;  // (2,) binary16 RZ(x0) low, RZ(x1) high: __float2half_rz of each, one conversion
+        asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+        u32 t0 = (h & 0xFFFFu) >> 4, t1 = h >> 20;
+        if ((t0 & 1) + (__float_as_uint(x0) & 0x1FFFFu) > 0x10000u) ++t0;
+        if ((t1 & 1) + (__float_as_uint(x1) & 0x1FFFFu) > 0x10000u) ++t1;
+        c[j] = t0 & 0xFFF;
+        c[j + 1] = t1 & 0xFFF;
     }
     w[0] = c[0] << 20 | c[1] << 8 | c[2] >> 4;
     w[1] = (c[2] & 0xF) << 28 | c[3] << 16 | c[4] << 4 | c[5] >> 8;
@@ -105,19 +133,21 @@ __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&
 // Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
 __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
-    u8 q[VEC];  // (VEC,) e4m3 codes
+    u32 q[VEC / 4];  // (VEC/4,) words of 4 e4m3 codes, little-endian
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) q[j] = (u8)tkq::e4m3_code(__fmul_rn(v[j], inv[j]));
+    for (int j = 0; j < VEC / 4; ++j)
+        q[j] = tkq::e4m3_code2(__fmul_rn(v[4 * j], inv[4 * j]), __fmul_rn(v[4 * j + 1], inv[4 * j + 1])) |
+               tkq::e4m3_code2(__fmul_rn(v[4 * j + 2], inv[4 * j + 2]), __fmul_rn(v[4 * j + 3], inv[4 * j + 3])) << 16;
     u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c0;  // (VEC,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
-        *reinterpret_cast<uint2*>(dst) = make_uint2(pack4(q, 0), pack4(q, 4));
+        *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[VEC / 8]);
     else
-        *reinterpret_cast<u32*>(dst) = pack4(q, 0);
+        *reinterpret_cast<u32*>(dst) = q[0];
 #else
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-        if (c0 + j < p.k) dst[j] = q[j];
+        if (c0 + j < p.k) dst[j] = (u8)(q[j / 4] >> (8 * (j % 4)));
 #endif
 #elif TK_FMT == 2
     u32 w[3];  // (3,) packed words of 8 E5M6 codes
@@ -131,20 +161,20 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
     for (int b = 0; b < 12; ++b) dst[b] = (u8)(w[b / 4] >> (8 * (b % 4)));
 #endif
 #else
-    u8 q[VEC / 2];  // (VEC/2,) packed e2m1 pairs, even column in the low nibble
+    float y[VEC];  // (VEC,) values to encode
 #pragma unroll
-    for (int j = 0; j < VEC / 2; ++j)
-        q[j] = (u8)(tkq::e2m1_code(__fmul_rn(v[2 * j], inv[2 * j])) | tkq::e2m1_code(__fmul_rn(v[2 * j + 1], inv[2 * j + 1])) << 4);
+    for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(v[j], inv[j]);
+    const u32 q = tkq::e2m1_pack(y);  // (VEC/2,) bytes of packed e2m1 pairs, even column in the low nibble
     u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
-        *reinterpret_cast<u32*>(dst) = pack4(q, 0);
+        *reinterpret_cast<u32*>(dst) = q;
     else
-        *reinterpret_cast<u16*>(dst) = (u16)(q[0] | q[1] << 8);
+        *reinterpret_cast<u16*>(dst) = (u16)q;
 #else
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j)
-        if (c0 + 2 * j < p.k) dst[j] = q[j];
+        if (c0 + 2 * j < p.k) dst[j] = (u8)(q >> (8 * j));
 #endif
 #endif
 }
@@ -153,10 +183,12 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #if TK_BK > 0
 // ---------------------------------------------------------------------------------------------
 // Tiled path. CTA: 8 warps; a warp is LY = 32/LX row groups x LX lanes along K. Lane
-// (ly, lx) of warp w owns the fragments of rows tile_m*TM + (w*LY + ly)*RPT + i (i < RPT) at
-// columns tile_k*LX*VEC + lx*VEC .. (+VEC). BM == 1: each row is its own block row;
-// BM > 1: the tile's rows are one block row (TM == BM). A column block is LK = BK/VEC adjacent
-// lanes (BK >= VEC) or a single column (BK == 1).
+// (ly, lx) of warp w owns the FK adjacent fragments of rows tile_m*TM + (w*LY + ly)*RPT + i
+// (i < RPT) at columns tile_k*TKC + lx*FK*VEC .. (+FK*VEC). BM == 1: each row is its own block
+// row; BM > 1: the tile's rows are one block row (TM == BM). A column block is LK =
+// BK/(FK*VEC) adjacent lanes (BK >= FK*VEC) or a single column (BK == 1). FK = 2 (per-token
+// casts of plain input) halves the per-row work per value (block max shuffles, scale, scale
+// store) at the same registers (half the rows per thread).
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_LX
 #error "TK_LX (lanes along K) must be defined for the tiled path"
@@ -166,20 +198,27 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #endif
 constexpr int WARPS = 8;
 constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)
-constexpr int RPT = TK_BM == 1 ? 4 : TK_BM / (WARPS * LY);  // rows per thread
-constexpr int TM = WARPS * LY * RPT;                        // rows per tile
-constexpr int TKC = LX * VEC;                               // columns per tile
-constexpr int NR = TK_BM == 1 ? RPT : 1;                    // block rows per thread
-constexpr int NB = TK_BK == 1 ? VEC : 1;                    // block columns per thread
-constexpr int LK = TK_BK == 1 ? 1 : TK_BK / VEC;            // lanes per block column
+#ifndef TK_FK
+#error "TK_FK (adjacent fragments per thread along K) must be defined for the tiled path"
+#endif
+constexpr int FK = TK_FK;                                        // fragments per thread along K
+constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WARPS * LY);  // rows per thread
+constexpr int TM = WARPS * LY * RPT;                             // rows per tile
+constexpr int TKC = LX * VEC * FK;                               // columns per tile
+constexpr int NR = TK_BM == 1 ? RPT : 1;                         // block rows per thread
+constexpr int NB = TK_BK == 1 ? VEC : 1;                         // block columns per thread
+constexpr int LK = TK_BK == 1 ? 1 : TK_BK / (VEC * FK);          // lanes per block column
+static_assert(FK == 1 || (FK == 2 && TK_BM == 1 && TK_MODE != 2 && TK_IN < 2), "FK = 2: per-token casts of plain input");
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
-static_assert(TK_BK == 1 || (TK_BK % VEC == 0 && TKC % TK_BK == 0), "BK must be 1 or VEC * 2^j <= LX * VEC");
+static_assert(LX * NB <= WARPS * 32, "one thread per block column of a tile");
+static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK must be 1 or FK * VEC * 2^j <= TKC");
 
 #ifndef TK_MINB
 #error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
 #endif
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
+    __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;
     // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands);
@@ -188,26 +227,27 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     for (u64 ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
         for (u64 tx = blockIdx.x; tx < gx; tx += gridDim.x) {
             const u64 tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
-            const u64 c0 = tk * TKC + lx * VEC;                  // first column of this thread's fragments
+            const u64 c0 = tk * TKC + lx * FK * VEC;             // first column of this thread's fragments
             const u64 r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < p.k;
-            Raw raw[RPT];  // (RPT rows, VEC columns)
+            Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                if (col_ok && r0 + i < p.m) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0);
-                else for (int w = 0; w < RAW_WORDS; ++w) raw[i].w[w] = 0;
-            }
+            for (int i = 0; i < RPT; ++i)
+#pragma unroll
+                for (int f = 0; f < FK; ++f) {
+                    Raw& rf = raw[i * FK + f];
+                    if (c0 + f * VEC < p.k && r0 + i < p.m) rf = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0 + f * VEC);
+                    else for (int w = 0; w < RAW_WORDS; ++w) rf.w[w] = 0;
+                }
 #if TK_BM == 1 && TK_MODE != 2
             // Per-token blocks: one row at a time (amax, scale, cast), so that only the raw
             // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const bool row_ok = col_ok && r0 + i < p.m;
-                float v[VEC];  // (VEC,) values of row r0 + i
-                values(p, raw[i], r0 + i, c0, v);
-                float a = 0.0f;
+                float a = frag_amax(p, raw[i * FK], r0 + i, c0);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[j]));
+                for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
 #pragma unroll
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
                 float sf, inv;
@@ -215,10 +255,15 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 const u64 kb = c0 / TK_BK;
                 if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
 #if TK_MODE == 0
-                float iv[VEC];
+                float iv[VEC];  // (VEC,) inverse scale of row r0 + i
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv;
-                if (row_ok) store_frag(p, r0 + i, c0, v, iv);
+#pragma unroll
+                for (int f = 0; f < FK; ++f) {
+                    float v[VEC];  // (VEC,) values of fragment f
+                    values(p, raw[i * FK + f], r0 + i, c0 + f * VEC, v);
+                    if (row_ok && c0 + f * VEC < p.k) store_frag(p, r0 + i, c0 + f * VEC, v, iv);
+                }
 #endif
             }
             continue;
@@ -234,19 +279,42 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     inv[i][b] = __frcp_rn(sf[i][b]);
                 }
 #else
-            float am[NR][NB];
+            float am[NR][NB];  // block maxima of |v| (NaN ignored)
+#if TK_IN == 1 && TK_BK == 1
+            // bf16 per-channel blocks: the column maxima stay packed bf16 pairs through the rows
+            // and the shuffles across the warp's row groups (half the instructions and shuffles).
+            u32 amp[RAW_WORDS];  // (VEC/2,) packed column maxima of |x|
+#pragma unroll
+            for (int w = 0; w < RAW_WORDS; ++w) amp[w] = 0;
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+#pragma unroll
+                for (int w = 0; w < RAW_WORDS; ++w) amp[w] = bf16x2_max(amp[w], raw[i].w[w] & 0x7FFF7FFFu);
+#pragma unroll
+            for (int o = LX; o < 32; o <<= 1)
+#pragma unroll
+                for (int w = 0; w < RAW_WORDS; ++w) amp[w] = bf16x2_max(amp[w], __shfl_xor_sync(0xFFFFFFFFu, amp[w], o));
+#pragma unroll
+            for (int w = 0; w < RAW_WORDS; ++w) {
+                am[0][2 * w] = __uint_as_float(amp[w] << 16);
+                am[0][2 * w + 1] = __uint_as_float(amp[w] & 0xFFFF0000u);
+            }
+            if (TK_BM > 1) {
+#else
 #pragma unroll
             for (int i = 0; i < NR; ++i)
 #pragma unroll
                 for (int b = 0; b < NB; ++b) am[i][b] = 0.0f;
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                float v[VEC];
-                values(p, raw[i], r0 + i, c0, v);
+                float& a0 = am[TK_BM == 1 ? i : 0][0];
+                if constexpr (TK_BK == 1) {
+                    float v[VEC];  // (VEC,) values of row r0 + i, one block column each
+                    values(p, raw[i], r0 + i, c0, v);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    float& a = am[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
-                    a = fmaxf(a, fabsf(v[j]));
+                    for (int j = 0; j < VEC; ++j) am[0][TK_BK == 1 ? j : 0] = fmaxf(am[0][TK_BK == 1 ? j : 0], fabsf(v[j]));
+                } else {
+                    a0 = fmaxf(a0, frag_amax(p, raw[i], r0 + i, c0));
                 }
             }
 #pragma unroll
@@ -258,32 +326,46 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 for (int o = LX; o < 32; o <<= 1)
 #pragma unroll
                     for (int b = 0; b < NB; ++b) am[0][b] = fmaxf(am[0][b], __shfl_xor_sync(0xFFFFFFFFu, am[0][b], o));
+#endif
                 if (ly == 0) {
 #pragma unroll
                     for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
                 }
                 __syncthreads();
-#pragma unroll
-                for (int b = 0; b < NB; ++b) {
+                // One thread per block column of the tile (LX * NB <= 256) folds the warps'
+                // maxima, computes the scale once (not once per row group of every warp: 8 * LY
+                // times; per-channel tiles: 8 divisions per thread -> at most 1) and stores it;
+                // every thread reads its inverse scales back. red and scl are rewritten by the
+                // next tile only after its first barrier, which follows these reads.
+                if (threadIdx.x < LX * NB) {
+                    const u32 t = threadIdx.x, tlx = t / NB, tb = t % NB;  // block column t: lane tlx, column tb
                     float a = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][lx * NB + b]);
-                    am[0][b] = a;
+                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][t]);
+                    float s, iv;
+                    compute_scale(a, s, iv);
+                    scl[t] = iv;
+                    const u64 tc0 = tk * TKC + tlx * VEC;  // first column of lane tlx (FK == 1)
+                    const u64 kb = TK_BK == 1 ? tc0 + tb : tc0 / TK_BK;
+                    if (tc0 < p.k && tlx % LK == 0 && tm < p.nbm && kb < p.nbk) store_sf(p, tm, kb, s);
                 }
-                __syncthreads();  // red is reused by the next tile
-            }
+                __syncthreads();
 #pragma unroll
-            for (int i = 0; i < NR; ++i)
-#pragma unroll
-                for (int b = 0; b < NB; ++b) compute_scale(am[i][b], sf[i][b], inv[i][b]);
-            if (col_ok && lx % LK == 0 && (TK_BM == 1 || (warp == 0 && ly == 0))) {
+                for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
+            } else {
 #pragma unroll
                 for (int i = 0; i < NR; ++i)
 #pragma unroll
-                    for (int b = 0; b < NB; ++b) {
-                        const u64 mb = TK_BM == 1 ? r0 + i : tm, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
-                        if (mb < p.nbm && kb < p.nbk) store_sf(p, mb, kb, sf[i][b]);
-                    }
+                    for (int b = 0; b < NB; ++b) compute_scale(am[i][b], sf[i][b], inv[i][b]);
+                if (col_ok && lx % LK == 0) {
+#pragma unroll
+                    for (int i = 0; i < NR; ++i)
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) {
+                            const u64 mb = r0 + i, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
+                            if (mb < p.nbm && kb < p.nbk) store_sf(p, mb, kb, sf[i][b]);
+                        }
+                }
             }
 #endif
 #if TK_MODE != 1
@@ -329,11 +411,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
-            if (c0 >= p.k) continue;
-            float v[VEC];
-            values(p, raw[i], r, c0, v);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) am = fmaxf(am, fabsf(v[j]));
+            if (c0 < p.k) am = fmaxf(am, frag_amax(p, raw[i], r, c0));
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));

@@ -58,6 +58,43 @@ __device__ __forceinline__ u32 e2m1_code(float x) {
     return mag | sign;
 }
 
+// e4m3 codes of a and b, a in the low byte: e4m3_code of each (the same conversion, two lanes).
+__device__ __forceinline__ u32 e4m3_code2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
+// The e2m1 value of x (rounded as e2m1_code: RNE on the e2m1 grid, saturated to +-6, sign of x
+// kept, NaN -> +6) times 2^-6, exactly. With a = min(|x|, 6) and 2^e <= max(a, 1) (e = 0, 1, 2:
+// e2m1 spacing 2^(e-1)), m = 2^(e+16) has ulp 2^(e-7) = spacing * 2^-6, so the single rounding
+// of the exact a * 2^-6 + m (FMA) is a rounded to the e2m1 grid, to nearest even, and the
+// difference with m is exact. 6 instructions plus 2 for the sign, instead of e2m1_code's ~17.
+__device__ __forceinline__ float e2m1_scaled(float x) {
+    const float a = fminf(fabsf(x), 6.0f);  // NaN -> 6
+    const float m = __uint_as_float((__float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u) + (16u << 23));
+    const float r = __fsub_rn(__fmaf_rn(a, 0x1p-6f, m), m);
+    return __uint_as_float(__float_as_uint(r) | (__float_as_uint(fminf(x, 6.0f)) & 0x80000000u));
+}
+
+// N (4 or 8) e2m1 codes (e2m1_code bit for bit) packed two per byte, element 0 in the low
+// nibble: N/2 bytes in the low end of the result. e2m1_scaled(x) = +-r * 2^-6 converts exactly
+// to the e4m3 byte sign << 7 | code << 2 (e2m1 and e4m3 share the exponent layout after the
+// 2^(1-7) bias shift; r = 0.5 is the e4m3 subnormal 4 * 2^-9), two per hardware conversion;
+// the nibbles are then cut out of four bytes at a time.
+template <int N>
+__device__ __forceinline__ u32 e2m1_pack(const float (&y)[N]) {
+    static_assert(N == 4 || N == 8, "e2m1_pack packs 4 or 8 values");
+    u32 b[N / 4];  // (N/4,) words of 4 byte-wide nibbles
+#pragma unroll
+    for (int h = 0; h < N / 4; ++h) {
+        const u32 x = e4m3_code2(e2m1_scaled(y[4 * h]), e2m1_scaled(y[4 * h + 1])) |
+                      e4m3_code2(e2m1_scaled(y[4 * h + 2]), e2m1_scaled(y[4 * h + 3])) << 16;  // (4,) e4m3 bytes
+        const u32 n = ((x >> 2) & 0x07070707u) | ((x >> 4) & 0x08080808u);  // (4,) nibbles, one per byte
+        b[h] = n | n >> 4;  // bytes 0 and 2: two nibbles each
+    }
+    if constexpr (N == 8) return __byte_perm(b[0], b[1], 0x6420);
+    else return __byte_perm(b[0], 0, 0x4420);
+}
+
 // Stores S[mb, kb] (mb < nbm, kb < nbk) of a scale grid in layout LAYOUT (0: A row-major fp32
 // (nbm, nbk); 1: B column-major fp32, storage (nbk, ra); 2: C packed UE8M0, storage
 // (ceil(nbk/4), ra) int32 as bytes), ra = align(nbm, 4), plus the padding attached to it (rows

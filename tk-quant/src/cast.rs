@@ -8,10 +8,11 @@
 //! Two paths:
 //! * **tiled** (per-token blocks `(1, bk)`, and blocks `(bm, bk)` with `bm` a multiple of 8
 //!   up to 128; `bk` = 1 or `VEC · 2^j`, `VEC` = 4 for fp32 input, 8 otherwise): a CTA of 8
-//!   warps owns a tile of `bm` (32 when `bm = 1`) rows × `LX · VEC` columns held in
-//!   registers, each warp `32/LX` row groups × `LX` lanes along K (`LX` = 32 for per-token
-//!   blocks, 16–32 for taller ones so that a thread holds 4 to 16 rows); block maxima come
-//!   from warp shuffles and, across warps, shared memory;
+//!   warps owns a tile of `bm` (32 / `FK` when `bm = 1`) rows × `LX · VEC · FK` columns held
+//!   in registers, each warp `32/LX` row groups × `LX` lanes along K (`LX` = 32 for per-token
+//!   blocks, 16–32 for taller ones so that a thread holds 4 to 16 rows), a lane `FK` adjacent
+//!   fragments of a row (`FK` = 2 for per-token casts of plain input, else 1); block maxima
+//!   come from warp shuffles and, across warps, shared memory;
 //! * **whole row** (one scale per row, `npc == K`): one CTA per row, the row held in
 //!   registers (up to 32 fragments per thread: `K ≤ 131072` for fp32, `262144` for bf16).
 //!
@@ -225,14 +226,37 @@ impl CastKernel {
         };
         match self.whole_row {
             Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
-            // At least 4 resident CTAs (32 warps, 64 registers) per SM for the per-token
-            // tiling of plain input (measured: 4 beats 3; 5 spills), 2 for quantized input and
-            // the taller blocks (more live state per thread: more would make them spill).
-            None => {
-                let plain = !matches!(self.input, InputKind::Quantized { .. });
-                let minb = if self.block.0 == 1 && plain { 4 } else { 2 };
-                s.define("TK_LX", self.lx()).define("TK_MINB", minb)
-            }
+            None => s
+                .define("TK_LX", self.lx())
+                .define("TK_FK", self.fk())
+                .define("TK_MINB", self.min_blocks()),
+        }
+    }
+
+    /// The tiled path's minimum resident CTAs per SM (`TK_MINB`: 4 → at most 64 registers,
+    /// 3 → 80, 2 → 128), from the raw input words a thread holds across its rows (ptxas,
+    /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
+    /// blocks) → 4 (measured: 4 beats 3 per token); the per-channel tile (32 words, but one
+    /// scale computation per thread) → 4; up to 32 words → 3; more → 2.
+    /// Quantized input (input scales and decoding live as well) → 2.
+    fn min_blocks(&self) -> usize {
+        if matches!(self.input, InputKind::Quantized { .. }) {
+            return 2;
+        }
+        let (bm, bk) = self.block;
+        // Per-token tiles: 4 fragments (4 / FK rows of FK fragments).
+        let rows = if bm == 1 {
+            4
+        } else {
+            bm / (8 * (32 / self.lx()))
+        };
+        let words = rows * self.vec() * self.input.bits() / 32;
+        if words <= 16 || bk == 1 {
+            4
+        } else if words <= 32 {
+            3
+        } else {
+            2
         }
     }
 
@@ -245,6 +269,20 @@ impl CastKernel {
     /// Lanes along K on the tiled path.
     fn lx(&self) -> usize {
         lanes_k(self.block.0, self.block.1, self.vec())
+    }
+
+    /// Adjacent fragments per thread along K on the tiled path (`TK_FK`): 2 for per-token
+    /// casts of plain input whose group holds at least two fragments (half the per-row
+    /// shuffles, scale computations and scale stores per value; half the rows per thread),
+    /// else 1.
+    fn fk(&self) -> usize {
+        let (bm, bk) = self.block;
+        let plain = !matches!(self.input, InputKind::Quantized { .. });
+        if bm == 1 && bk % (2 * self.vec()) == 0 && plain && self.mode != CastMode::PrecomputedSf {
+            2
+        } else {
+            1
+        }
     }
 
     /// Chooses the path for `plan` (tiled if the block fits it, else whole row).
@@ -312,8 +350,12 @@ impl CastKernel {
                 shared_mem_bytes: 0,
             },
             None => {
-                let tm = if self.block.0 == 1 { 32 } else { self.block.0 };
-                let tk = self.lx() * self.vec();
+                let tm = if self.block.0 == 1 {
+                    32 / self.fk()
+                } else {
+                    self.block.0
+                };
+                let tk = self.lx() * self.vec() * self.fk();
                 LaunchConfig {
                     // Per-token: x along column tiles, y along row tiles; else the reverse.
                     grid_dim: if self.block.0 == 1 {

@@ -1136,3 +1136,44 @@ fn gpu_per_block_cast_lossless_errors() {
     let dq = DevQuant::upload(&dev, &q, &s);
     tk_quant::per_block_cast_lossless(&dq.input((1, 32)), &params).unwrap();
 }
+
+/// Per-token tiles of plain input hold two adjacent fragments per lane (16 bf16 / 8 fp32
+/// columns) over 16-row tiles: rows ending in the first fragment of a lane (K ≡ 8 mod 16 for
+/// bf16, K ≡ 4 mod 8 for fp32), row counts not a multiple of 16, groups of one lane pair
+/// (npc = 16), aligned (vector) and unaligned or padded rows; sf-only and precomputed modes
+/// come with each case (`run_token_case`).
+#[test]
+fn gpu_per_token_cast_two_fragment_edges() {
+    let Some(dev) = gpu_or_skip("gpu_per_token_cast_two_fragment_edges") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for (m, k, input) in [
+        (17, 1016, In::BF16),
+        (33, 4104, In::BF16),
+        (17, 1004, In::F32),
+        (31, 4100, In::F32),
+    ] {
+        for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+            for npc in [16, 32, 128] {
+                for opts in [ScaleOptions::packed_ue8m0(), ScaleOptions::row_major(false)] {
+                    for (ld, offset) in [(k, 0), (k + 4, 4)] {
+                        cases.push(TokenCase {
+                            m,
+                            k,
+                            input,
+                            npc,
+                            fmt,
+                            opts,
+                            ld,
+                            offset,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    par_cases(&cases, |c| {
+        run_token_case(&dev.with_new_stream().unwrap(), c)
+    });
+}
