@@ -178,6 +178,30 @@ __device__ __forceinline__ bool fast_div_ok(float l) {
     return (fabsf(l) >= 0x1p-40f) & (fabsf(l) <= 40.0f);  // two FSETPs on |l|
 }
 
+// s[j] = fl(1 / t[j]) and q[j] = fl(l[j] / t[j]) for t[j] = fl(1 + expf(-l[j])) (the
+// backward's two divisions), bit for bit __fdiv_rn's: inline (div_fast) when every gate of the
+// fragment is in its range (TK_FASTDIV), else with __fdiv_rn.
+__device__ __forceinline__ void div8_by(const float (&l)[8], const float (&t)[8], float (&s)[8], float (&q)[8]) {
+#if TK_FASTDIV
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ok &= fast_div_ok(l[j]);
+    if (ok) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[j] = div_fast(1.0f, t[j]);
+            q[j] = div_fast(l[j], t[j]);
+        }
+        return;
+    }
+#endif
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        s[j] = __fdiv_rn(1.0f, t[j]);
+        q[j] = __fdiv_rn(l[j], t[j]);
+    }
+}
+
 // The activations a[j] = swiglu_act(l[j], v[j]) of a fragment, bit for bit; with TK_FASTDIV
 // the divisions run inline (div_fast) unless a gate of the fragment is out of its range, in
 // which case (rare: |l| > 40, tiny or non-finite gates) the fragment is recomputed with

@@ -99,8 +99,9 @@ pub use gpu::*;
 ///
 /// Kernel: a CTA of 256 threads casts a tile of 128 rows × 64 columns; each thread loads 8
 /// columns of 4 rows (16-byte loads), column maxima come from registers, warp shuffles and
-/// shared memory across the `npt / 16` warps of a scale block; the transposed codes are
-/// staged in shared memory and written as 32 contiguous bytes per thread. No host
+/// shared memory across the `npt / 16` warps of a scale block, then one thread per (block,
+/// column) computes the scale and shares its inverse through shared memory; the transposed
+/// codes are staged in shared memory and written as 32 contiguous bytes per thread. No host
 /// synchronisation.
 #[cfg(feature = "cuda")]
 mod gpu {

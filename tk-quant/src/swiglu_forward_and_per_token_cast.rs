@@ -339,9 +339,11 @@ pub use gpu::*;
 /// given CUDA's `expf` (see [`crate::swiglu`]).
 ///
 /// Kernel: groups of 128 columns (and the plain formats) use a tiled kernel, a CTA of 16 teams
-/// of 16 lanes, each team one 128-column group of 4 rows (16-byte loads of gate and value, the
-/// group's amax by 4 warp shuffles); `npc == H` uses one CTA per row, the row's activations
-/// held in registers between the amax and the cast. No host synchronisation.
+/// of 16 lanes, each team one 128-column group of 2 rows (1 for fp32 input; 16-byte loads of
+/// gate and value, the group's amax by 4 warp shuffles), at most 64 registers; `npc == H` uses
+/// one CTA per row, the row's activations held in registers between the amax and the cast.
+/// The division runs inline when a fragment's gates allow (the exact fast path of CUDA's
+/// division, see `cuda/fused_io.cuh`). No host synchronisation.
 ///
 /// Device-side differences from [`validate`]: index *values* cannot be checked without a host
 /// synchronisation, so a `pos_to_token_topk` entry `>= T·k` (rejected on the CPU) reads no
