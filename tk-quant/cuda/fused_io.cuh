@@ -56,23 +56,30 @@ __device__ __forceinline__ void store_bytes(void* dst, const u32 (&w)[NB / 4]) {
     }
 }
 
-// The 8 values of a fragment of element type IN (0 fp32, 1 bf16, 2 e4m3) at src, widened to
-// fp32 (exact).
+// A fragment of 8 elements of type IN (0 fp32, 1 bf16, 2 e4m3): its size in bytes; load8 reads
+// one at src widened to fp32 (exact).
 template <int IN> struct Frag;
 template <> struct Frag<0> { static constexpr int BYTES = 32; };
 template <> struct Frag<1> { static constexpr int BYTES = 16; };
 template <> struct Frag<2> { static constexpr int BYTES = 8; };
 
-template <int IN, bool VEC>
-__device__ __forceinline__ void load8(const void* src, float (&v)[8]) {
-    u32 w[Frag<IN>::BYTES / 4];
-    load_bytes<Frag<IN>::BYTES, VEC>(src, w);
+// The 8 values of a fragment of element type IN given as its raw little-endian words, widened
+// to fp32 (exact).
+template <int IN>
+__device__ __forceinline__ void widen8(const u32 (&w)[Frag<IN>::BYTES / 4], float (&v)[8]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         if constexpr (IN == 0) v[j] = __uint_as_float(w[j]);
         else if constexpr (IN == 1) v[j] = __uint_as_float(((w[j / 2] >> (16 * (j % 2))) & 0xFFFF) << 16);
         else v[j] = e4m3_value(w[j / 4] >> (8 * (j % 4)));
     }
+}
+
+template <int IN, bool VEC>
+__device__ __forceinline__ void load8(const void* src, float (&v)[8]) {
+    u32 w[Frag<IN>::BYTES / 4];
+    load_bytes<Frag<IN>::BYTES, VEC>(src, w);
+    widen8<IN>(w, v);
 }
 
 // bf16 RNE of a pair, even element in the low half.
@@ -133,9 +140,8 @@ __device__ __forceinline__ ClampFlags swiglu_clamp(float& l, float& v, float c) 
         f.gate = l > c;
         f.hi = v > c;
         f.lo = v < -c;
-        if (f.gate) l = c;
-        if (f.hi) v = c;
-        else if (f.lo) v = -c;
+        l = f.gate ? c : l;  // selects, not branches
+        v = f.hi ? c : f.lo ? -c : v;
     }
     return f;
 }
@@ -144,6 +150,80 @@ __device__ __forceinline__ ClampFlags swiglu_clamp(float& l, float& v, float c) 
 // rounded operations (no contraction).
 __device__ __forceinline__ float swiglu_act(float l, float v) {
     return __fmul_rn(__fdiv_rn(l, __fadd_rn(1.0f, expf(-l))), v);
+}
+
+// TK_FASTDIV (default 1): swiglu_act8 divides with the inline fast sequence below when a whole
+// fragment is in its range; 0: every division is CUDA's IEEE __fdiv_rn (the reference form).
+#ifndef TK_FASTDIV
+#define TK_FASTDIV 1
+#endif
+
+// fl(l / d) for d in [1, 2^58] and |l| in [2^-40, 40]: exactly the instruction sequence CUDA's
+// IEEE division (__fdiv_rn) runs when its range check (FCHK) passes: approximate reciprocal
+// (MUFU.RCP), one Newton step, the quotient and one residual correction, all single FMAs. In
+// this range every intermediate is a normal number (r >= 2^-58, |q| >= 2^-98), so the check
+// passes and the result is the correctly rounded quotient, bit for bit __fdiv_rn's; the
+// divide's slow-path call (and the branch around it) leaves the hot loop.
+__device__ __forceinline__ float div_fast(float l, float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));  // MUFU.RCP (d and 1/d are normal)
+    r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+    const float q0 = __fmul_rn(l, r);
+    return __fmaf_rn(r, __fmaf_rn(-d, q0, l), q0);
+}
+
+// Whether gate l is in div_fast's range: |l| in [2^-40, 40] (so d = fl(1 + expf(-l)) is in
+// [1, 1 + e^40] within [1, 2^58]); false for zeros, NaN and infinities.
+__device__ __forceinline__ bool fast_div_ok(float l) {
+    return (fabsf(l) >= 0x1p-40f) & (fabsf(l) <= 40.0f);  // two FSETPs on |l|
+}
+
+// s[j] = fl(1 / t[j]) and q[j] = fl(l[j] / t[j]) for t[j] = fl(1 + expf(-l[j])) (the
+// backward's two divisions), bit for bit __fdiv_rn's: inline (div_fast) when every gate of the
+// fragment is in its range (TK_FASTDIV), else with __fdiv_rn.
+__device__ __forceinline__ void div8_by(const float (&l)[8], const float (&t)[8], float (&s)[8], float (&q)[8]) {
+#if TK_FASTDIV
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ok &= fast_div_ok(l[j]);
+    if (ok) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[j] = div_fast(1.0f, t[j]);
+            q[j] = div_fast(l[j], t[j]);
+        }
+        return;
+    }
+#endif
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        s[j] = __fdiv_rn(1.0f, t[j]);
+        q[j] = __fdiv_rn(l[j], t[j]);
+    }
+}
+
+// The activations a[j] = swiglu_act(l[j], v[j]) of a fragment, bit for bit; with TK_FASTDIV
+// the divisions run inline (div_fast) unless a gate of the fragment is out of its range, in
+// which case (rare: |l| > 40, tiny or non-finite gates) the fragment is recomputed with
+// __fdiv_rn.
+__device__ __forceinline__ void swiglu_act8(const float (&l)[8], const float (&v)[8], float (&a)[8]) {
+#if TK_FASTDIV
+    bool ok = true;
+    float q[8];  // (8,) fl(l / d)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        q[j] = div_fast(l[j], __fadd_rn(1.0f, expf(-l[j])));
+        ok &= fast_div_ok(l[j]);
+    }
+    if (!ok)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(l[j], __fadd_rn(1.0f, expf(-l[j])));
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(q[j], v[j]);
+#else
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = swiglu_act(l[j], v[j]);
+#endif
 }
 
 }  // namespace tkq

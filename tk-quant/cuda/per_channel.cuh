@@ -8,14 +8,17 @@
 //   (eps 1e-4, Q 448, TK_ROUND: powers of two), sf stored row-major (ceil(M/NPT), K) fp32,
 //   out = enc8(fl(y * inv)) at out[r, c] (M, K), or at out[c, r] (K, M) with TK_TRANSPOSE.
 //
-// Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_VECIO (1: 16-byte accesses; every
-// row start and the outputs 16-byte aligned), plus the op's own.
+// Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_MINB (the kernels' CTAs per SM for
+// __launch_bounds__), TK_VECIO (1: 16-byte accesses; every row start and the outputs 16-byte
+// aligned), plus the op's own.
 //
 // Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
 // groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
 // maxima: registers over 4 rows, shuffles over a warp's 16 rows, shared memory across the
-// NPT/16 warps of a block. The transposed output is staged as codes in shared memory
-// (64 columns x 128 rows, rows padded by 4 bytes) and written as 32 contiguous bytes per thread.
+// NPT/16 warps of a block; each (block, column) scale is then computed once, by one thread,
+// and its inverse shared through shared memory. The transposed output is staged as codes in
+// shared memory (64 columns x 128 rows, rows padded by 4 bytes) and written as 32 contiguous
+// bytes per thread.
 #pragma once
 #include "tk/fused_io.cuh"
 
@@ -43,13 +46,15 @@ namespace pc {
 
 constexpr int TR = 128, TC = 64, RPT = 4, LX = 8, LY = 4, WARPS = 8;
 constexpr int WPB = TK_NPT / (LY * RPT);  // warps per scale block
+constexpr int NB = TR / TK_NPT;           // scale blocks per tile
 constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
-    __shared__ float red[WARPS][TC];  // (warps, columns) partial column maxima
+    __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
+    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
 #endif
@@ -80,21 +85,26 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
             __syncthreads();
-            const u32 w0 = (warp / WPB) * WPB;  // first warp of this thread's scale block
-            float inv[8], sf[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            // One thread per (scale block, column) of the tile: the block's column maximum over
+            // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
+            if (threadIdx.x < NB * TC) {
+                const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
                 float a = 0.0f;
 #pragma unroll
-                for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[w0 + w][lx * 8 + j]);
-                tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf[j], inv[j]);
+                for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
+                float sf, inv;
+                tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+                inv_s[b][c] = inv;
+                const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
+                if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
             }
-            const u64 rb = tr * TR + w0 * LY * RPT;  // first row of the scale block
-            if (warp == w0 && ly == 0 && rb < p.m) {
-                u32 w[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) w[j] = __float_as_uint(sf[j]);
-                tkq::store_bytes<32, VECIO>(reinterpret_cast<float*>(p.sf) + (rb / TK_NPT) * p.k + c0, w);  // (8,) of sf row
+            __syncthreads();
+            float inv[8];  // (columns,) inverse scales of this thread's block
+            {
+                const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
+                const float4 i0 = is[0], i1 = is[1];
+                inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
+                inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
             }
             u32 q[RPT][2];  // (rows, 8 codes as 2 words)
 #pragma unroll

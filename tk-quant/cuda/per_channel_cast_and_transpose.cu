@@ -3,6 +3,6 @@
 // tk/per_channel.cuh (defines: TK_NPT, TK_ROUND, TK_VECIO; TK_TRANSPOSE = 1).
 #include "tk/per_channel.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) tk_per_channel_cast_and_transpose(const Params p) {
+extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_per_channel_cast_and_transpose(const Params p) {
     pc::tile_kernel<pc::PlainSrc<1>>(p);
 }

@@ -26,6 +26,6 @@ struct GatherSrc {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(256) tk_per_channel_cast_fused(const Params p) {
+extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_per_channel_cast_fused(const Params p) {
     pc::tile_kernel<GatherSrc>(p);
 }

@@ -22,7 +22,9 @@
 //   TK_VECIO   1: vector accesses (every row start 16-byte aligned); 0: bytewise
 //
 // One CTA of THREADS threads per row (grid-stride); thread t owns the 8-column fragments
-// f = c * THREADS + t of chunk c, so a group of NPC columns is NPC/8 adjacent lanes.
+// f = c * THREADS + t of chunk c, so a group of NPC columns is NPC/8 adjacent lanes. The loads of
+// chunk c + 1 are issued before chunk c is processed (two chunks in flight); the divisions run
+// inline when the fragment's gates allow (tkq::div8_by, TK_FASTDIV).
 #include "tk/fused_io.cuh"
 
 using tk::u8;
@@ -54,6 +56,26 @@ constexpr int LK = TK_NPC / 8;  // lanes per group
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPC == 32 || TK_NPC == 128, "NPC must be 32 or 128");
 
+// The raw loads of one 8-column fragment f of a row (zeros beyond the row's fragments): gate
+// and value e4m3 codes, their dequantization scales, and the bf16 gradient.
+struct Raw {
+    u32 x[2], y[2], g[4];
+    float sx, sy;
+};
+
+__device__ __forceinline__ Raw load_raw(const Params& p, const u8* xrow, const float* srow, const u8* grow, u64 f, u64 frags) {
+    Raw r{{0, 0}, {0, 0}, {0, 0, 0, 0}, 0.0f, 0.0f};
+    if (f < frags) {
+        const u64 j0 = f * 8;
+        tkq::load_bytes<8, VECIO>(xrow + j0, r.x);         // (8,) e4m3 of X
+        tkq::load_bytes<8, VECIO>(xrow + p.h + j0, r.y);   // (8,) e4m3 of Y
+        tkq::load_bytes<16, VECIO>(grow + j0 * 2, r.g);    // (8,) bf16 of grad_out
+        r.sx = srow[j0 / TK_NPC];
+        r.sy = srow[(p.h + j0) / TK_NPC];
+    }
+    return r;
+}
+
 // Max over the LK lanes of a group.
 __device__ __forceinline__ float group_max(float a) {
 #pragma unroll
@@ -79,38 +101,42 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_swiglu_backward_and_per
         const float* srow = reinterpret_cast<const float*>(p.xs) + r * p.xs_ld;         // (2H/NPC,) fp32
         const u8* grow = reinterpret_cast<const u8*>(p.g) + r * p.ldg * 2;              // (H,) bf16
         float wsum = 0.0f;
+        Raw cur = load_raw(p, xrow, srow, grow, threadIdx.x, frags);
         for (u64 c0 = 0; c0 < frags; c0 += THREADS) {
+            // The next chunk's loads are issued before this chunk is processed.
+            const Raw nxt = load_raw(p, xrow, srow, grow, c0 + THREADS + threadIdx.x, frags);
             const u64 f = c0 + threadIdx.x;  // this lane's fragment (groups never straddle chunks)
             const bool ok = f < frags;
             const u64 j0 = f * 8;            // first column of the fragment
             float X[8], Y[8], G[8];
-            if (ok) {
-                tkq::load8<2, VECIO>(xrow + j0, X);
-                tkq::load8<2, VECIO>(xrow + p.h + j0, Y);
-                tkq::load8<1, VECIO>(grow + j0 * 2, G);
-                const float sx = srow[j0 / TK_NPC], sy = srow[(p.h + j0) / TK_NPC];
+            tkq::widen8<2>(cur.x, X);
+            tkq::widen8<2>(cur.y, Y);
+            tkq::widen8<1>(cur.g, G);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    X[e] = __fmul_rn(X[e], sx);
-                    Y[e] = __fmul_rn(Y[e], sy);
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) X[e] = Y[e] = G[e] = 0.0f;
+            for (int e = 0; e < 8; ++e) {
+                X[e] = __fmul_rn(X[e], cur.sx);
+                Y[e] = __fmul_rn(Y[e], cur.sy);
             }
+            cur = nxt;
+            float xv[8], yv[8], t[8], s[8], xt[8];  // (8,) clamped inputs, fl(1 + expf(-X)), 1/t, X/t
+            tkq::ClampFlags fl[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                xv[e] = X[e];
+                yv[e] = Y[e];
+                fl[e] = tkq::ClampFlags{false, false, false};
+                if (p.has_clamp) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
+                t[e] = __fadd_rn(1.0f, expf(-xv[e]));
+            }
+            tkq::div8_by(xv, t, s, xt);
             float o[8], dx[8], dy[8];  // (8,) out before bf16, gradients
             float ax = 0.0f, ay = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                float xv = X[e], yv = Y[e];
-                tkq::ClampFlags fl{false, false, false};
-                if (p.has_clamp) fl = tkq::swiglu_clamp<true>(xv, yv, p.clamp);
-                const float t = __fadd_rn(1.0f, expf(-xv));
-                const float s = __fdiv_rn(1.0f, t);
-                const float act = __fmul_rn(__fdiv_rn(xv, t), yv);
-                const float gws = __fmul_rn(__fmul_rn(G[e], w), s);
-                dx[e] = fl.gate ? 0.0f : __fmul_rn(__fmul_rn(gws, yv), __fmaf_rn(xv, __fsub_rn(1.0f, s), 1.0f));
-                dy[e] = (fl.hi || fl.lo) ? 0.0f : __fmul_rn(gws, xv);
+                const float act = __fmul_rn(xt[e], yv[e]);
+                const float gws = __fmul_rn(__fmul_rn(G[e], w), s[e]);
+                dx[e] = fl[e].gate ? 0.0f : __fmul_rn(__fmul_rn(gws, yv[e]), __fmaf_rn(xv[e], __fsub_rn(1.0f, s[e]), 1.0f));
+                dy[e] = (fl[e].hi || fl[e].lo) ? 0.0f : __fmul_rn(gws, xv[e]);
                 o[e] = __fmul_rn(act, w);
                 if (ok) wsum = __fmaf_rn(G[e], act, wsum);
                 ax = fmaxf(ax, fabsf(dx[e]));

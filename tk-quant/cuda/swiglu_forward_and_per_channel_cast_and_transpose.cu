@@ -12,15 +12,16 @@ struct SwigluSrc {
         float l[8];
         tkq::load8<1, pc::VECIO>(row + c0 * 2, l);
         tkq::load8<1, pc::VECIO>(row + (p.h + c0) * 2, v);
+        if (p.has_clamp)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float lj = l[j], vj = v[j];
-            if (p.has_clamp) tkq::swiglu_clamp<true>(lj, vj, p.clamp);
-            v[j] = tkq::round_bf16(tkq::swiglu_act(lj, vj));
-        }
+            for (int j = 0; j < 8; ++j) tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
+        float a[8];  // (8,) activations
+        tkq::swiglu_act8(l, v, a);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = tkq::round_bf16(a[j]);
     }
 };
 
-extern "C" __global__ void __launch_bounds__(256) tk_swiglu_forward_and_per_channel_cast_and_transpose(const Params p) {
+extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_channel_cast_and_transpose(const Params p) {
     pc::tile_kernel<SwigluSrc>(p);
 }

@@ -8,7 +8,7 @@
 //   (w_i = topk_weights.flat[pos_to_token_topk[i]], 0 for a negative or out-of-range entry)
 //   out: a (fp32), bf16(a), or the per-token cast of a in groups of NPC (128 or H) columns.
 // Padding rows are written as zeros with a zero scale and are not counted.
-// Clamp counts (count != 0): [#(l > C), #(v > C), #(v < -C)] over processed rows, added with
+// Clamp counts (TK_CLAMP 2): [#(l > C), #(v > C), #(v < -C)] over processed rows, added with
 // one 64-bit atomic per CTA and counter (order-independent integer sums).
 //
 // Compile-time constants (defines):
@@ -17,6 +17,10 @@
 //   TK_SF_OUT    (quantized) 0 layout A, 1 layout B, 2 layout C
 //   TK_ROUND     (quantized) 1: power-of-two scales
 //   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
+//   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set)
+//   TK_RPT       tiled path: rows per team (2 for bf16, 1 for fp32 input: 64 bytes in flight)
+//   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
+//   TK_FASTDIV   see tk/fused_io.cuh (default 1)
 //   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
 //                fragments per thread; undefined: the tiled path (groups of 128 columns)
 #include "tk/fused_io.cuh"
@@ -37,10 +41,8 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
-    u32 has_clamp;
-    float clamp;             // C
+    float clamp;             // C (TK_CLAMP 1, 2)
     float eps;               // amax clamp (sf_clamp_min or the format's)
-    u32 pad;
 };
 
 #if TK_OUT < 2
@@ -56,47 +58,62 @@ constexpr float QMAX = 6.0f;
 constexpr float QMAX = 448.0f;
 #endif
 
-// Per-row routing state: processed (not padding) and weight.
+constexpr int CLAMP = TK_CLAMP;
+using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
+
+// Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
+// Loaded before the row's data so that the dependent weight load overlaps it.
 struct RowInfo {
     bool processed;
-    float w;
+    i32 slot;
 };
 
 __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
-    RowInfo ri{true, 1.0f};
+    RowInfo ri{true, -1};
     if (p.pte) ri.processed = reinterpret_cast<const i32*>(p.pte)[r * p.pte_s] >= 0;
-    if (p.ptt) {
-        const i32 t = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
-        const bool ok = t >= 0 && (u64)t < p.tw_len;
-        const u64 q = ok ? (u64)t : 0;
-        ri.w = ok ? reinterpret_cast<const float*>(p.tw)[(q / p.tw_k) * p.tw_s0 + (q % p.tw_k) * p.tw_s1] : 0.0f;
-    }
+    if (p.ptt) ri.slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
     return ri;
 }
 
-// Loads the gate and value fragments (8 columns from c0) of row r.
-__device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, float (&l)[8], float (&v)[8]) {
-    const u8* row = reinterpret_cast<const u8*>(p.x) + r * p.ldx * IN_BYTES;  // (2H,) elements
-    tkq::load8<TK_IN, VECIO>(row + c0 * IN_BYTES, l);
-    tkq::load8<TK_IN, VECIO>(row + (p.h + c0) * IN_BYTES, v);
+// The routing weight of a row: topk_weights.flat[slot], 0 for a negative or out-of-range slot
+// (1 without weights, not used).
+__device__ __forceinline__ float row_weight(const Params& p, i32 slot) {
+    if (!p.ptt) return 1.0f;
+    const bool ok = slot >= 0 && (u64)slot < p.tw_len;
+    const u64 q = ok ? (u64)slot : 0;
+    return ok ? reinterpret_cast<const float*>(p.tw)[(q / p.tw_k) * p.tw_s0 + (q % p.tw_k) * p.tw_s1] : 0.0f;
 }
 
-// The activation a (8,) of a fragment from its gate l and value v; counts the clamps of a
-// processed row. Padding rows give +0.
-__device__ __forceinline__ void activate(const Params& p, const RowInfo& ri, const float (&l)[8], const float (&v)[8], float (&a)[8], u32 (&cnt)[3]) {
+// Loads the raw gate and value fragments (8 columns from c0) of row r.
+__device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words& l, Words& v) {
+    const u8* row = reinterpret_cast<const u8*>(p.x) + r * p.ldx * IN_BYTES;  // (2H,) elements
+    tkq::load_bytes<IN_BYTES * 8, VECIO>(row + c0 * IN_BYTES, l);
+    tkq::load_bytes<IN_BYTES * 8, VECIO>(row + (p.h + c0) * IN_BYTES, v);
+}
+
+// The activation a (8,) of a fragment from its raw gate lw and value vw, times the row weight
+// w with routing weights; counts the clamps of a processed row. Padding rows give +0.
+__device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3]) {
+    float l[8], v[8];  // (8,) gate and value
+    tkq::widen8<TK_IN>(lw, l);
+    tkq::widen8<TK_IN>(vw, v);
+    if constexpr (CLAMP != 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const tkq::ClampFlags f = tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
+            if (CLAMP == 2 && processed) {
+                cnt[0] += f.gate;
+                cnt[1] += f.hi;
+                cnt[2] += f.lo;
+            }
+        }
+    }
+    tkq::swiglu_act8(l, v, a);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        float lj = l[j], vj = v[j];
-        tkq::ClampFlags f{false, false, false};
-        if (p.has_clamp) f = tkq::swiglu_clamp<true>(lj, vj, p.clamp);
-        float x = tkq::swiglu_act(lj, vj);
-        if (p.ptt) x = __fmul_rn(x, ri.w);
-        a[j] = ri.processed ? x : 0.0f;
-        if (ri.processed) {
-            cnt[0] += f.gate;
-            cnt[1] += f.hi;
-            cnt[2] += f.lo;
-        }
+        float x = a[j];
+        if (p.ptt) x = __fmul_rn(x, w);
+        a[j] = processed ? x : 0.0f;
     }
 }
 
@@ -119,10 +136,11 @@ __device__ __forceinline__ void store_group_scale(const Params& p, u64 r, u64 kb
     if constexpr (QUANT) tkq::store_scale<TK_SF_OUT>(p.sf, p.n, p.nbk, p.ra, r, kb, sf);
 }
 
-// Adds the CTA's clamp counts to p.count (one atomic per counter); every thread must call it.
+// Adds the CTA's clamp counts to p.count (one atomic per counter; TK_CLAMP 2); every thread
+// must call it.
 __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
     __shared__ u32 total[3];  // (3,) CTA sums
-    if (!p.count) return;
+    if constexpr (CLAMP != 2) return;
     if (threadIdx.x < 3) total[threadIdx.x] = 0;
     __syncthreads();
 #pragma unroll
@@ -140,11 +158,14 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // ---------------------------------------------------------------------------------------------
 // Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = 16 teams of 16
 // lanes; a team covers one 128-column group of RPT rows, each lane 8 columns of each row.
-// Tile: 64 rows x 128 columns; grid x over column tiles (H / 128), y over row tiles.
+// Tile: 16 RPT rows x 128 columns; grid x over column tiles (H / 128), y over row tiles. A lane
+// first loads its rows' routing entries, then all its x fragments (raw words, kept narrow until
+// used), then the weights (which depend on the routing entries), so the loads overlap; at most
+// 64 registers (TK_MINB 4) give 32 resident warps per SM.
 // ---------------------------------------------------------------------------------------------
-constexpr int RPT = 4, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
+constexpr int RPT = TK_RPT, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
 
-extern "C" __global__ void __launch_bounds__(256) tk_swiglu_forward_and_per_token_cast(const Params p) {
+extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
     const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
     u32 cnt[3] = {0, 0, 0};
@@ -152,21 +173,26 @@ extern "C" __global__ void __launch_bounds__(256) tk_swiglu_forward_and_per_toke
         for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
             const u64 c0 = tc * TC + tl * 8;     // first column of this lane's fragments
             const u64 r0 = tr * TR + team * RPT;  // first row of this team
-            float l[RPT][8], v[RPT][8];           // (RPT rows, 8 columns) gate and value
+            RowInfo ri[RPT];                      // rows beyond N: not processed
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
+            Words l[RPT], v[RPT];  // (RPT rows) raw gate and value fragments, all in flight
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 if (r0 + i < p.n) load_pair(p, r0 + i, c0, l[i], v[i]);
                 else
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) l[i][j] = v[i][j] = 0.0f;
+                    for (int j = 0; j < IN_BYTES * 2; ++j) l[i][j] = v[i][j] = 0;
             }
+            float w[RPT];  // (RPT,) routing weights
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
             float my_sf = 0.0f;  // lane i < RPT stores the scale of row r0 + i
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const u64 r = r0 + i;
-                const RowInfo ri = r < p.n ? row_info(p, r) : RowInfo{false, 0.0f};
                 float a[8];  // (8,) activations
-                activate(p, ri, l[i], v[i], a, cnt);
+                activate(p, ri[i].processed, w[i], l[i], v[i], a, cnt);
                 float inv = 0.0f;
                 if constexpr (QUANT) {
                     float am = 0.0f;
@@ -175,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_swiglu_forward_and_per_toke
 #pragma unroll
                     for (int o = 1; o < TEAM; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
                     float sf;
-                    group_scale(p, ri.processed, am, sf, inv);
+                    group_scale(p, ri[i].processed, am, sf, inv);
                     if (tl == i) my_sf = sf;
                 }
                 if (r < p.n) store_out(p, r, c0, a, inv);
@@ -202,20 +228,21 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_swiglu_forward_and_p
     const u64 frags = p.h / 8;
     u32 cnt[3] = {0, 0, 0};
     for (u64 r = blockIdx.x; r < p.n; r += gridDim.x) {
-        float a[TK_NF][8];  // (NF fragments, 8 columns) activations
-        float l[TK_NF][8], v[TK_NF][8];
+        const RowInfo ri = row_info(p, r);
+        float a[TK_NF][8];      // (NF fragments, 8 columns) activations
+        Words l[TK_NF], v[TK_NF];  // (NF fragments) raw gate and value
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 f = (u64)i * TK_THREADS + threadIdx.x;
             if (f < frags) load_pair(p, r, f * 8, l[i], v[i]);
         }
-        const RowInfo ri = row_info(p, r);
+        const float w = row_weight(p, ri.slot);
         float am = 0.0f;
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 f = (u64)i * TK_THREADS + threadIdx.x;
             if (f >= frags) continue;
-            activate(p, ri, l[i], v[i], a[i], cnt);
+            activate(p, ri.processed, w, l[i], v[i], a[i], cnt);
 #pragma unroll
             for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a[i][j]));
         }

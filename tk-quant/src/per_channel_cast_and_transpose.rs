@@ -99,8 +99,9 @@ pub use gpu::*;
 ///
 /// Kernel: a CTA of 256 threads casts a tile of 128 rows × 64 columns; each thread loads 8
 /// columns of 4 rows (16-byte loads), column maxima come from registers, warp shuffles and
-/// shared memory across the `npt / 16` warps of a scale block; the transposed codes are
-/// staged in shared memory and written as 32 contiguous bytes per thread. No host
+/// shared memory across the `npt / 16` warps of a scale block, then one thread per (block,
+/// column) computes the scale and shares its inverse through shared memory; the transposed
+/// codes are staged in shared memory and written as 32 contiguous bytes per thread. No host
 /// synchronisation.
 #[cfg(feature = "cuda")]
 mod gpu {
@@ -162,19 +163,26 @@ mod gpu {
     // padding), laid out exactly as the kernels' `Params`, received by value.
     unsafe impl DeviceRepr for PerChannelArgs {}
 
-    /// A per-channel kernel specialisation: `source` with the tile's defines and the op's own.
+    /// CTAs per SM the per-channel kernels of a plain or gathered input are compiled for
+    /// (`__launch_bounds__(256, 5)`: at most 48 registers, which they fit without spilling).
+    pub(crate) const PLAIN_MIN_BLOCKS: usize = 5;
+
+    /// A per-channel kernel specialisation: `source` with the tile's defines (`min_blocks`:
+    /// CTAs per SM for the launch bounds) and the op's own.
     pub(crate) fn per_channel_spec(
         source: &'static KernelSource,
         npt: usize,
         round_sf: bool,
         transpose: bool,
         vecio: bool,
+        min_blocks: usize,
     ) -> KernelSpec {
         KernelSpec::new(source)
             .define("TK_NPT", npt)
             .define("TK_ROUND", round_sf as u8)
             .define("TK_TRANSPOSE", transpose as u8)
             .define("TK_VECIO", vecio as u8)
+            .define("TK_MINB", min_blocks)
     }
 
     /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
@@ -229,7 +237,14 @@ mod gpu {
         let mut v = Vec::new();
         for npt in NUM_PER_TOKENS {
             for round in [false, true] {
-                v.push(per_channel_spec(&SOURCE, npt, round, true, true));
+                v.push(per_channel_spec(
+                    &SOURCE,
+                    npt,
+                    round,
+                    true,
+                    true,
+                    PLAIN_MIN_BLOCKS,
+                ));
             }
         }
         v
@@ -272,7 +287,16 @@ mod gpu {
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
-            |vec| per_channel_spec(&SOURCE, params.num_per_tokens, params.round_sf, true, vec),
+            |vec| {
+                per_channel_spec(
+                    &SOURCE,
+                    params.num_per_tokens,
+                    params.round_sf,
+                    true,
+                    vec,
+                    PLAIN_MIN_BLOCKS,
+                )
+            },
         )
     }
 

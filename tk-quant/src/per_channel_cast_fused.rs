@@ -310,7 +310,7 @@ mod gpu {
     use crate::cast::check_same_device;
     use crate::device::{DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
     use crate::per_channel_cast_and_transpose::{
-        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS,
+        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS, PLAIN_MIN_BLOCKS,
     };
     use crate::plan::CastPlan;
     use crate::swiglu::check_device_vector;
@@ -354,7 +354,15 @@ mod gpu {
     }
 
     fn spec(input: u8, round_sf: bool, vecio: bool) -> KernelSpec {
-        per_channel_spec(&SOURCE, NUM_PER_TOKENS, round_sf, false, vecio).define("TK_IN", input)
+        per_channel_spec(
+            &SOURCE,
+            NUM_PER_TOKENS,
+            round_sf,
+            false,
+            vecio,
+            PLAIN_MIN_BLOCKS,
+        )
+        .define("TK_IN", input)
     }
 
     /// The specialisations the tests and benchmarks launch.

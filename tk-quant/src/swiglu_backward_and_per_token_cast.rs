@@ -304,8 +304,10 @@ pub use gpu::*;
 /// Kernel: one CTA of 128 threads per row; each thread takes 8-column fragments of the gate
 /// and value halves (8-byte e4m3 and 16-byte bf16 loads) in chunks of 1024 columns, so a
 /// group of `npc` columns is `npc / 8` adjacent lanes (amax by warp shuffles); the row's
-/// `Σ g·act` is reduced across the CTA. Every CTA also zeroes its share of the `weight_grad`
-/// slots whose `token_topk_to_pos` is −1. No host synchronisation.
+/// `Σ g·act` is reduced across the CTA. The next chunk's loads are issued before a chunk is
+/// processed, and the two divisions run inline when the fragment's gates allow (the exact fast
+/// path of CUDA's division, see `cuda/fused_io.cuh`). Every CTA also zeroes its share of the
+/// `weight_grad` slots whose `token_topk_to_pos` is −1. No host synchronisation.
 ///
 /// Device-side differences from [`validate`]: the maps' values are not checked (that needs a
 /// host synchronisation). The kernel reads only in-range entries (`0 <= p < T·k`; an

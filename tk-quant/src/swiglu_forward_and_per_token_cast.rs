@@ -339,9 +339,11 @@ pub use gpu::*;
 /// given CUDA's `expf` (see [`crate::swiglu`]).
 ///
 /// Kernel: groups of 128 columns (and the plain formats) use a tiled kernel, a CTA of 16 teams
-/// of 16 lanes, each team one 128-column group of 4 rows (16-byte loads of gate and value, the
-/// group's amax by 4 warp shuffles); `npc == H` uses one CTA per row, the row's activations
-/// held in registers between the amax and the cast. No host synchronisation.
+/// of 16 lanes, each team one 128-column group of 2 rows (1 for fp32 input; 16-byte loads of
+/// gate and value, the group's amax by 4 warp shuffles), at most 64 registers; `npc == H` uses
+/// one CTA per row, the row's activations held in registers between the amax and the cast.
+/// The division runs inline when a fragment's gates allow (the exact fast path of CUDA's
+/// division, see `cuda/fused_io.cuh`). No host synchronisation.
 ///
 /// Device-side differences from [`validate`]: index *values* cannot be checked without a host
 /// synchronisation, so a `pos_to_token_topk` entry `>= T·k` (rejected on the CPU) reads no
@@ -463,13 +465,11 @@ mod gpu {
         h: u64,
         nbk: u64,
         ra: u64,
-        has_clamp: u32,
         clamp: f32,
         eps: f32,
-        pad: u32,
     }
 
-    // SAFETY: `FwdArgs` is `repr(C)` plain old data (18 × u64 then 4 × 4 bytes, no padding),
+    // SAFETY: `FwdArgs` is `repr(C)` plain old data (18 × u64 then 2 × 4 bytes, no padding),
     // laid out exactly as the kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for FwdArgs {}
 
@@ -482,8 +482,20 @@ mod gpu {
         /// Scale layout and rounding (quantized formats).
         pub sf: Option<(ScaleLayout, bool)>,
         pub vecio: bool,
+        /// The clamp: 0 none, 1 clamp, 2 clamp and count.
+        pub clamp: u8,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
+    }
+
+    /// The tiled path's CTA: 16 teams of 16 lanes, each team `rows_per_team` rows (2 for bf16
+    /// input, 1 for fp32: 64 bytes of x in flight per lane, which fits 64 registers).
+    fn rows_per_team(bf16_in: bool) -> usize {
+        if bf16_in {
+            2
+        } else {
+            1
+        }
     }
 
     impl FwdKernel {
@@ -494,19 +506,24 @@ mod gpu {
                 SwigluOutFormat::E4M3 => 2,
                 SwigluOutFormat::E2M1 => 3,
             };
-            let mut s = KernelSpec::new(&SOURCE)
+            let s = KernelSpec::new(&SOURCE)
                 .define("TK_IN", self.bf16_in as u8)
                 .define("TK_OUT", out)
-                .define("TK_VECIO", self.vecio as u8);
-            if let Some((layout, round)) = self.sf {
-                s = s
+                .define("TK_VECIO", self.vecio as u8)
+                .define("TK_CLAMP", self.clamp);
+            let s = match self.sf {
+                Some((layout, round)) => s
                     .define("TK_SF_OUT", layout_code(layout))
-                    .define("TK_ROUND", round as u8);
+                    .define("TK_ROUND", round as u8),
+                None => s,
+            };
+            match self.whole_row {
+                Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
+                // At most 64 registers: 4 CTAs (32 warps) per SM.
+                None => s
+                    .define("TK_RPT", rows_per_team(self.bf16_in))
+                    .define("TK_MINB", 4),
             }
-            if let Some((threads, nf)) = self.whole_row {
-                s = s.define("TK_THREADS", threads).define("TK_NF", nf);
-            }
-            s
         }
     }
 
@@ -538,50 +555,42 @@ mod gpu {
     }
 
     /// The specialisations the tests and benchmarks launch: bf16 and fp32 input to every
-    /// format, groups of 128 in layouts A and C, and a whole-row cast.
+    /// format, groups of 128 in layouts A and C, and a whole-row cast, each without and with
+    /// the clamp; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
-        for bf16_in in [true, false] {
-            for out in [SwigluOutFormat::F32, SwigluOutFormat::BF16] {
-                v.push(
-                    FwdKernel {
-                        bf16_in,
-                        out,
-                        sf: None,
-                        vecio: true,
-                        whole_row: None,
-                    }
-                    .spec(),
-                );
-            }
-            for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
-                for sf in [
-                    (ScaleLayout::RowMajorF32, true),
-                    (ScaleLayout::PackedUe8m0, true),
-                ] {
-                    v.push(
-                        FwdKernel {
-                            bf16_in,
-                            out,
-                            sf: Some(sf),
-                            vecio: true,
-                            whole_row: None,
-                        }
-                        .spec(),
-                    );
+        let mut push = |bf16_in, out, sf, clamp, whole_row| {
+            v.push(
+                FwdKernel {
+                    bf16_in,
+                    out,
+                    sf,
+                    vecio: true,
+                    clamp,
+                    whole_row,
                 }
-                v.push(
-                    FwdKernel {
-                        bf16_in,
-                        out,
-                        sf: Some((ScaleLayout::RowMajorF32, true)),
-                        vecio: true,
-                        whole_row: Some((256, 2)),
+                .spec(),
+            )
+        };
+        for bf16_in in [true, false] {
+            for clamp in [0, 1] {
+                for out in [SwigluOutFormat::F32, SwigluOutFormat::BF16] {
+                    push(bf16_in, out, None, clamp, None);
+                }
+                for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
+                    for sf in [
+                        (ScaleLayout::RowMajorF32, true),
+                        (ScaleLayout::PackedUe8m0, true),
+                    ] {
+                        push(bf16_in, out, Some(sf), clamp, None);
                     }
-                    .spec(),
-                );
+                    let sf = Some((ScaleLayout::RowMajorF32, true));
+                    push(bf16_in, out, sf, clamp, Some((256, 2)));
+                }
             }
         }
+        let sf = Some((ScaleLayout::PackedUe8m0, true));
+        push(true, SwigluOutFormat::E4M3, sf, 2, None);
         v
     }
 
@@ -614,7 +623,7 @@ mod gpu {
             a.pte = p.address();
         }
         if let Some(c) = params.swiglu_clamp_value {
-            (a.has_clamp, a.clamp) = (1, c);
+            a.clamp = c;
         }
         if let Some(cast) = &plan.cast {
             let fmt = cast_format(params.out_format);
@@ -715,6 +724,11 @@ mod gpu {
             out: params.out_format,
             sf: quant,
             vecio,
+            clamp: match (params.swiglu_clamp_value, params.count_clamped) {
+                (None, _) => 0,
+                (Some(_), false) => 1,
+                (Some(_), true) => 2,
+            },
             whole_row: if quant.is_some() && npc == h && h > 128 {
                 Some(whole_row_shape(h)?)
             } else {
@@ -732,7 +746,11 @@ mod gpu {
                 shared_mem_bytes: 0,
             },
             None => LaunchConfig {
-                grid_dim: ((h / 128) as u32, n.div_ceil(64).min(65535) as u32, 1),
+                grid_dim: (
+                    (h / 128) as u32,
+                    n.div_ceil(16 * rows_per_team(kernel.bf16_in)).min(65535) as u32,
+                    1,
+                ),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             },
