@@ -4,19 +4,20 @@
 //
 // Defines: TK_K (slots per token), TK_E (experts, <= 1024).
 //
-// Three entries, launched in this order on one stream (the host-sync convenience reads the
-// layout's end between 2 and 3 to size the row maps):
-// 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
+// Two entries, launched in this order on one stream (the host-sync convenience reads the
+// layout's end between them to size the row maps):
+// 1. tk_fused_count_scan (B blocks of 1024): block b counts the entries of its flat chunk
 //    [b*L, (b+1)*L) per expert into cnt[b, :] (shared histogram with 32 lane copies per expert
-//    for E <= 256; each thread loads four 16-byte pairs of entries before counting them).
-// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e],
-//    summed by up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of
-//    A_e gives expert_start; writes start, end and A_e, and turns cnt[b, e] into the first row
-//    of chunk b's entries of expert e.
-// 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
-//    order (the entries of 8 tiles loaded together); an entry's row is base[e] + (same-expert
-//    entries in earlier warps of the tile, from per-warp counts in shared memory) +
-//    (same-expert lanes below it, from __match_any_sync).
+//    for E <= 256; each thread loads four 16-byte pairs of entries before counting them). The
+//    last block to finish (moe.cuh last_block_done: a ticket in the per-stream workspace, which
+//    it resets) then scans: per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e], summed by
+//    up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of A_e gives
+//    expert_start; it writes start, end and A_e, and turns cnt[b, e] into the first row of
+//    chunk b's entries of expert e.
+// 2. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
+//    order (the entries of 8 tiles loaded together, the first 8 before anything else); an
+//    entry's row is base[e] + (same-expert entries in earlier warps of the tile, from per-warp
+//    counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
 //    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
 //    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
 //    e mod B) and the rows after the last segment (grid-stride).
@@ -37,32 +38,14 @@ constexpr i64 I32_MAX = 2147483647;
 
 __device__ __forceinline__ i32 sat_i32(i64 v) { return (i32)(v < I32_MAX ? v : I32_MAX); }
 
-// cnt: (B + 1, E) i32 scratch (rows 0..B written here); idx: (T, K) i64 row stride ld (flat:
-// one contiguous 16-byte aligned run). L (the chunk length) is a multiple of THREADS.
-extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __restrict__ cnt, const i64* __restrict__ idx,
-                                                                     u64 ld, u64 T, u64 L, u32 flat) {
-    constexpr u32 REPL = TK_E <= REPL_BINS ? 32 : 1;
-    __shared__ u32 hist[TK_E * REPL];       // (E, REPL) counts of this chunk
-    __shared__ u32 tot[REPL > 1 ? TK_E : 1];  // (E,) the folded copies (REPL > 1)
-    for (u32 i = threadIdx.x; i < TK_E * REPL; i += THREADS) hist[i] = 0;
-    __syncthreads();
-    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
-    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, THREADS);
-    __syncthreads();
-    if (REPL > 1) {
-        fold_copies<REPL>(tot, hist, TK_E);
-        __syncthreads();
-    }
-    const u32* sums = REPL > 1 ? tot : hist;
-    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)sums[e];
-}
-
-// Threads per expert in tk_fused_scan: a power of two <= 32 (one warp segment) with
-// E_pad * G <= 1024, E_pad the next power of two >= E.
+// Threads per expert in the scan: a power of two <= 32 (one warp segment) with
+// E_pad * G <= SCAN_THREADS, E_pad the next power of two >= E.
+constexpr int SCAN_THREADS = 1024;
 __host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
-constexpr int SCAN_G = 1024 / pow2_at_least(TK_E) < 32 ? 1024 / pow2_at_least(TK_E) : 32;
+constexpr int SCAN_G =
+    SCAN_THREADS / pow2_at_least(TK_E) < 32 ? SCAN_THREADS / pow2_at_least(TK_E) : 32;
 
-// Exclusive block scan (1024 threads) of one i64 per thread.
+// Exclusive block scan (SCAN_THREADS threads) of one i64 per thread.
 __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     i64 incl = v;
@@ -86,30 +69,34 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
     return incl - v + (warp > 0 ? warp_sums[warp - 1] : 0);
 }
 
-// cnt: (B + 1, E) i32; rows 0..B in: chunk counts, out: first row of each chunk's entries
-// (saturated); row B out: c_e (the raw counts); expert_start, expert_end,
-// num_tokens_per_expert: (E,) i32. One block of 1024 threads: SCAN_G consecutive threads per
-// expert (a warp segment) share its B chunks, scan their partial sums with shuffles, and one
-// block scan over the experts gives the segment starts.
-extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
-                                                                 i32* __restrict__ expert_start,
-                                                                 i32* __restrict__ expert_end,
-                                                                 i32* __restrict__ num_tokens_per_expert) {
+// The scan of the last block. cnt: (B + 1, E) i32; rows 0..B in: chunk counts (written by
+// other blocks of this launch: read through L2 with __ldcg), out: first row of each chunk's
+// entries (saturated); row B out: c_e (the raw counts); expert_start, expert_end,
+// num_tokens_per_expert: (E,) i32. SCAN_G consecutive threads per expert (a warp segment)
+// share its B chunks (the first CB of each thread kept in registers between the two passes),
+// scan their partial sums with shuffles, and one block scan over the experts gives the
+// segment starts.
+__device__ __forceinline__ void scan_chunks(i32* __restrict__ cnt, u64 B, i64 a, i32* __restrict__ expert_start,
+                                            i32* __restrict__ expert_end,
+                                            i32* __restrict__ num_tokens_per_expert) {
     __shared__ i64 warp_sums[32];
-    __shared__ i64 seg[1024];  // (E,) A_e, then expert_start
+    __shared__ i64 seg[SCAN_THREADS];  // (E,) A_e, then expert_start
     const u32 e = threadIdx.x / SCAN_G, s = threadIdx.x % SCAN_G;
     const bool active = e < TK_E;
     const u64 per = (B + SCAN_G - 1) / SCAN_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
-    i64 local = 0;  // this thread's chunks of expert e
     constexpr int CB = 8;  // chunk counts loaded together
-    if (active) {
-        for (u64 b = b0; b < b1; b += CB) {
-            i32 c[CB];  // (CB,) counts of chunks b ..
+    i32 head[CB];          // (CB,) counts of chunks b0 .. b0 + CB (0 past b1)
 #pragma unroll
-            for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+    for (int r = 0; r < CB; ++r) head[r] = active && b0 + r < b1 ? __ldcg(cnt + (b0 + r) * TK_E + e) : 0;
+    i64 local = 0;  // this thread's chunks of expert e
 #pragma unroll
-            for (int r = 0; r < CB; ++r) local += c[r];
-        }
+    for (int r = 0; r < CB; ++r) local += head[r];
+    for (u64 b = b0 + CB; active && b < b1; b += CB) {
+        i32 c[CB];  // (CB,) counts of chunks b ..
+#pragma unroll
+        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? __ldcg(cnt + (b + r) * TK_E + e) : 0;
+#pragma unroll
+        for (int r = 0; r < CB; ++r) local += c[r];
     }
     i64 incl = local;  // inclusive scan within the expert's segment of SCAN_G lanes
 #pragma unroll
@@ -134,10 +121,15 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
         num_tokens_per_expert[e] = sat_i32(len);
     }
     i64 run = start + incl - local;
-    for (u64 b = b0; b < b1; b += CB) {
+#pragma unroll
+    for (int r = 0; r < CB; ++r) {
+        if (b0 + r < b1) cnt[(b0 + r) * TK_E + e] = sat_i32(run);
+        run += head[r];
+    }
+    for (u64 b = b0 + CB; b < b1; b += CB) {
         i32 c[CB];  // (CB,) counts of chunks b ..
 #pragma unroll
-        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? __ldcg(cnt + (b + r) * TK_E + e) : 0;
 #pragma unroll
         for (int r = 0; r < CB; ++r) {
             if (b + r < b1) cnt[(b + r) * TK_E + e] = sat_i32(run);
@@ -146,8 +138,33 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     }
 }
 
-// base: (B + 1, E) i32 from tk_fused_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
-// contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_scan.
+// cnt: (B + 1, E) i32 scratch (B = gridDim.x; row b written by block b, then all rows by the
+// scan); ws: the per-stream zeroed workspace (word 0: the ticket, left zero); idx: (T, K) i64
+// row stride ld (flat: one contiguous 16-byte aligned run); expert_start, expert_end,
+// num_tokens_per_expert: (E,) i32. L (the chunk length) is a multiple of 256.
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+    tk_fused_count_scan(i32* __restrict__ cnt, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T,
+                        u64 L, u32 flat, i64 a, i32* __restrict__ expert_start, i32* __restrict__ expert_end,
+                        i32* __restrict__ num_tokens_per_expert) {
+    constexpr u32 REPL = TK_E <= REPL_BINS ? 32 : 1;
+    __shared__ u32 hist[TK_E * REPL];       // (E, REPL) counts of this chunk
+    __shared__ u32 tot[REPL > 1 ? TK_E : 1];  // (E,) the folded copies (REPL > 1)
+    for (u32 i = threadIdx.x; i < TK_E * REPL; i += SCAN_THREADS) hist[i] = 0;
+    __syncthreads();
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
+    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, SCAN_THREADS);
+    __syncthreads();
+    if (REPL > 1) {
+        fold_copies<REPL>(tot, hist, TK_E);
+        __syncthreads();
+    }
+    const u32* sums = REPL > 1 ? tot : hist;
+    for (u32 e = threadIdx.x; e < TK_E; e += SCAN_THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)sums[e];
+    if (last_block_done(ws)) scan_chunks(cnt, gridDim.x, a, expert_start, expert_end, num_tokens_per_expert);
+}
+
+// base: (B + 1, E) i32 from tk_fused_count_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
+// contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_count_scan.
 extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx,
                                                                        u64 ld, u64 T, u64 L, u64 M, i32* __restrict__ ttp,
                                                                        i32* __restrict__ pos_to_expert,
@@ -155,6 +172,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32
                                                                        i32* __restrict__ pos_to_token_topk,
                                                                        const i32* __restrict__ expert_start,
                                                                        const i32* __restrict__ expert_end) {
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
+    constexpr int R = 8;  // tiles whose entries are loaded together
+    i64 vs[R];            // (R,) this thread's entry of each of R tiles
+    // The entries of the first R tiles are loaded first, so that their latency overlaps the
+    // padding rows and the setup below (one chunk is at most R tiles on the moe12 shapes).
+    const auto load_tiles = [&](u64 t0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u64 i = t0 + r * THREADS + threadIdx.x;
+            vs[r] = i < end ? legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
+        }
+    };
+    load_tiles(begin);
     // Padding rows: the tail of each segment (experts e = b mod B), then the rows after the
     // last segment (grid-stride). Disjoint from the rows of real entries.
     const u64 B = gridDim.x;
@@ -180,15 +210,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32
         for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
     }
     __syncthreads();
-    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
-    constexpr int R = 8;  // tiles whose entries are loaded together
     for (u64 t0 = begin; t0 < end; t0 += R * THREADS) {
-        i64 vs[R];  // (R,) this thread's entry of each tile
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const u64 i = t0 + r * THREADS + threadIdx.x;
-            vs[r] = i < end ? legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
-        }
+        if (t0 != begin) load_tiles(t0);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const u64 tile = t0 + r * THREADS;
