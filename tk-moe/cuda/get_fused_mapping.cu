@@ -14,10 +14,11 @@
 //    up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of A_e gives
 //    expert_start; it writes start, end and A_e, and turns cnt[b, e] into the first row of
 //    chunk b's entries of expert e.
-// 2. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
-//    order (the entries of 8 tiles loaded together, the first 8 before anything else); an
-//    entry's row is base[e] + (same-expert entries in earlier warps of the tile, from per-warp
-//    counts in shared memory) + (same-expert lanes below it, from __match_any_sync).
+// 2. tk_fused_scatter (B blocks of 256): warp w of block b owns an eighth of chunk b and walks
+//    it twice, 32 entries at a time (the first 8 groups loaded before anything else): it counts
+//    its entries per expert, one block-wide scan over the warps gives each warp's offsets, and
+//    it places them: an entry's row is base[e] + (same-expert entries of earlier warps) +
+//    (the warp's earlier same-expert entries) + (same-expert lanes below it, __match_any_sync).
 //    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
 //    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
 //    e mod B) and the rows after the last segment (grid-stride).
@@ -163,28 +164,50 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
     if (last_block_done(ws)) scan_chunks(cnt, gridDim.x, a, expert_start, expert_end, num_tokens_per_expert);
 }
 
+// Stores the maps of entry i (expert v >= 0, fused row p): its row p when p < M, else
+// token_topk_to_pos = -1 only (capacity too small).
+__device__ __forceinline__ void place(i32* __restrict__ ttp, i32* __restrict__ pos_to_expert,
+                                      i32* __restrict__ pos_to_token, i32* __restrict__ pos_to_token_topk, u64 M,
+                                      u64 i, i64 v, i64 p) {
+    if (p < (i64)M) {
+        ttp[i] = (i32)p;
+        pos_to_expert[p] = (i32)v;
+        pos_to_token[p] = (i32)(i / TK_K);
+        pos_to_token_topk[p] = (i32)i;
+    } else {
+        ttp[i] = -1;
+    }
+}
+
 // base: (B + 1, E) i32 from tk_fused_count_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
 // contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_count_scan.
-extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx,
-                                                                       u64 ld, u64 T, u64 L, u64 M, i32* __restrict__ ttp,
-                                                                       i32* __restrict__ pos_to_expert,
-                                                                       i32* __restrict__ pos_to_token,
-                                                                       i32* __restrict__ pos_to_token_topk,
-                                                                       const i32* __restrict__ expert_start,
-                                                                       const i32* __restrict__ expert_end) {
-    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
-    constexpr int R = 8;  // tiles whose entries are loaded together
-    i64 vs[R];            // (R,) this thread's entry of each of R tiles
-    // The entries of the first R tiles are loaded first, so that their latency overlaps the
-    // padding rows and the setup below (one chunk is at most R tiles on the moe12 shapes).
-    const auto load_tiles = [&](u64 t0) {
+// Warp w of block b owns the sub-chunk [b*L + w*L/8, b*L + (w+1)*L/8) (L/8 is a multiple of 32)
+// and walks it twice, 32 entries at a time: first counting its entries per expert (wcnt[w, :]),
+// then, after one block-wide exclusive scan of wcnt over the warps, placing them (row = the
+// chunk's base + the earlier warps' count + the warp's running count + same-expert lanes below,
+// __match_any_sync). Only three block barriers in all; R groups of 32 entries per lane stay in
+// registers between the two walks (all of a sub-chunk on the moe12 shapes).
+extern "C" __global__ void __launch_bounds__(THREADS)
+    tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx, u64 ld, u64 T, u64 L, u64 M,
+                     i32* __restrict__ ttp, i32* __restrict__ pos_to_expert, i32* __restrict__ pos_to_token,
+                     i32* __restrict__ pos_to_token_topk, const i32* __restrict__ expert_start,
+                     const i32* __restrict__ expert_end) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u64 sub = L / WARPS;
+    const u64 wbegin = min(blockIdx.x * L + warp * sub, T * TK_K), wend = min(wbegin + sub, T * TK_K);
+    constexpr int R = 8;  // groups of 32 entries per lane held in registers
+    const bool one_round = wend - wbegin <= R * 32;
+    i32 vs[R];            // (R,) this lane's entry of each group: its legal expert or -1
+    const auto load_groups = [&](u64 g0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const u64 i = t0 + r * THREADS + threadIdx.x;
-            vs[r] = i < end ? legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
+            const u64 i = g0 + r * 32 + lane;
+            vs[r] = i < wend ? (i32)legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
         }
     };
-    load_tiles(begin);
+    // The first groups' entries are loaded first, so that their latency overlaps the padding
+    // rows and the setup below.
+    load_groups(wbegin);
     // Padding rows: the tail of each segment (experts e = b mod B), then the rows after the
     // last segment (grid-stride). Disjoint from the rows of real entries.
     const u64 B = gridDim.x;
@@ -201,48 +224,56 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32
         pos_to_token[p] = -1;
         pos_to_token_topk[p] = -1;
     }
-    __shared__ i64 running[TK_E];     // (E,) next row of each expert for this block
-    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) entries per expert in each warp of the tile
-    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __shared__ i64 running[TK_E];      // (E,) first row of this block's entries of each expert
+    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) per warp: its count, then its running offset
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
         running[e] = base[(u64)blockIdx.x * TK_E + e];
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
     }
     __syncthreads();
-    for (u64 t0 = begin; t0 < end; t0 += R * THREADS) {
-        if (t0 != begin) load_tiles(t0);
+    u32* const my = wcnt[warp];  // (E,) this warp's row
+    // Walk 1: count. The leaders of a group hold distinct experts; __syncwarp orders a leader's
+    // update before another lane's in the next group.
+    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
+        if (g0 != wbegin) load_groups(g0);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const u64 tile = t0 + r * THREADS;
-            if (tile >= end) break;  // block-uniform
-            const u64 i = tile + threadIdx.x, t = i / TK_K;
-            const i64 v = vs[r];
+            const i32 v = vs[r];
+            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
+            if (v >= 0 && __popc(same & ((1u << lane) - 1)) == 0) my[v] += __popc(same);
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    // Exclusive scan of each expert's counts over the warps (the entries of warp w come after
+    // those of the warps before it).
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
+        u32 run = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const u32 c = wcnt[w][e];
+            wcnt[w][e] = run;
+            run += c;
+        }
+    }
+    __syncthreads();
+    // Walk 2: place, in flat order.
+    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
+        if (!one_round) load_groups(g0);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u64 i = g0 + r * 32 + lane;
+            const i32 v = vs[r];
             const u32 same = __match_any_sync(0xffffffffu, (u32)v);
             const u32 below = __popc(same & ((1u << lane) - 1));
-            const bool leader = below == 0;
-            if (v >= 0 && leader) wcnt[warp][v] = __popc(same);
-            __syncthreads();
-            if (v >= 0) {
-                i64 p = running[v] + below;
-                for (u32 w = 0; w < warp; ++w) p += wcnt[w][v];
-                if (p < (i64)M) {
-                    ttp[i] = (i32)p;
-                    pos_to_expert[p] = (i32)v;
-                    pos_to_token[p] = (i32)t;
-                    pos_to_token_topk[p] = (i32)i;
-                } else {
-                    ttp[i] = -1;
-                }
-            } else if (i < end) {
+            if (v >= 0)
+                place(ttp, pos_to_expert, pos_to_token, pos_to_token_topk, M, i, v, running[v] + my[v] + below);
+            else if (i < wend)
                 ttp[i] = -1;
-            }
-            __syncthreads();
-            if (v >= 0 && leader) {
-                atomicAdd(reinterpret_cast<unsigned long long*>(running + v), (unsigned long long)__popc(same));
-                wcnt[warp][v] = 0;
-            }
-            __syncthreads();
+            __syncwarp();  // every lane has read my[v] before its leader advances it
+            if (v >= 0 && below == 0) my[v] += __popc(same);
+            __syncwarp();
         }
     }
 }

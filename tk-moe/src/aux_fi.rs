@@ -91,7 +91,8 @@ pub use gpu::*;
 /// the grid. Illegal entries are skipped (read as `-1`). No host sync.
 ///
 /// GPU limits beyond [`AuxFiParams::validate`]: `T·K <= i32::MAX` and `E <= i32::MAX`
-/// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`).
+/// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`). The
+/// stream's workspace holds `E + 1` counters, as for `group_count`.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {

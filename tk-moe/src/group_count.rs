@@ -102,7 +102,8 @@ pub(crate) mod count {
 /// sync.
 ///
 /// GPU limit beyond [`GroupCountParams::validate`]: `G <= i32::MAX` ([`TkError::Param`] naming
-/// `num_groups`).
+/// `num_groups`). The stream's workspace holds `G + 1` counters (4 bytes each, rounded up to a
+/// power of two, at least 16 KiB), kept for later calls on that stream.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
