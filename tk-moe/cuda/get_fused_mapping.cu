@@ -208,18 +208,32 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     // The first groups' entries are loaded first, so that their latency overlaps the padding
     // rows and the setup below.
     load_groups(wbegin);
+    // The other global values the setup needs are loaded next, before any of them is used, so
+    // that the setup costs one memory round (for E <= 256): this block's chunk base of expert
+    // threadIdx.x, the end of the last segment, and the first padding segment (expert b, when
+    // b < E).
+    const i32 base0 = threadIdx.x < TK_E ? base[(u64)blockIdx.x * TK_E + threadIdx.x] : 0;
+    const u64 B = gridDim.x;
+    const u64 tail = (u64)expert_end[TK_E - 1];
+    u64 first = 0, last = 0;  // padding rows of expert b
+    if (blockIdx.x < TK_E) {
+        first = (u64)expert_start[blockIdx.x] + (u64)base[B * TK_E + blockIdx.x];
+        last = min((u64)expert_end[blockIdx.x], M);
+    }
     // Padding rows: the tail of each segment (experts e = b mod B), then the rows after the
     // last segment (grid-stride). Disjoint from the rows of real entries.
-    const u64 B = gridDim.x;
     for (u32 e = blockIdx.x; e < TK_E; e += gridDim.x) {
-        const u64 first = (u64)expert_start[e] + (u64)base[B * TK_E + e], last = min((u64)expert_end[e], M);
+        if (e != blockIdx.x) {
+            first = (u64)expert_start[e] + (u64)base[B * TK_E + e];
+            last = min((u64)expert_end[e], M);
+        }
         for (u64 p = first + threadIdx.x; p < last; p += THREADS) {
             pos_to_expert[p] = -1;
             pos_to_token[p] = -1;
             pos_to_token_topk[p] = -1;
         }
     }
-    for (u64 p = (u64)expert_end[TK_E - 1] + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
+    for (u64 p = tail + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
         pos_to_expert[p] = -1;
         pos_to_token[p] = -1;
         pos_to_token_topk[p] = -1;
@@ -227,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     __shared__ i64 running[TK_E];      // (E,) first row of this block's entries of each expert
     __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) per warp: its count, then its running offset
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
-        running[e] = base[(u64)blockIdx.x * TK_E + e];
+        running[e] = e == threadIdx.x ? base0 : base[(u64)blockIdx.x * TK_E + e];
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
     }
