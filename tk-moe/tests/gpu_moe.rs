@@ -769,6 +769,11 @@ fn gpu_get_fused_mapping_off_grid() {
         1024,
         128,
     );
+    // Chunks longer than one register round of the scatter (a warp's eighth of a chunk over
+    // 256 entries: T·K above ~270k on 132 SMs): 40000 x 8 random ids in -1..32.
+    let mut rng = Rng::for_case("gpu mapping long chunks");
+    let long = HostTensor::from_fn(&[40_000, 8], |_| rng.below(33) as i64 - 1);
+    check_mapping_gpu(&dev, "mapping 40000 x 8", &long, 32, 128);
     let idx = topk_idx_for(
         "gpu mapping strided",
         &MoeParams {
