@@ -92,7 +92,8 @@ pub use gpu::*;
 ///
 /// GPU limits beyond [`AuxFiParams::validate`]: `T·K <= i32::MAX` and `E <= i32::MAX`
 /// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`). The
-/// stream's workspace holds `E + 1` counters, as for `group_count`.
+/// stream's workspace holds `E + 1` counters, as for `group_count` (allocated by the first
+/// call on the stream that needs it: not inside a graph capture; see [`crate::prewarm`]).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {

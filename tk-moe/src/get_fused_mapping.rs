@@ -292,7 +292,10 @@ pub use gpu::*;
 /// The result is bit-identical to the CPU reference (ascending flat order inside a segment).
 /// **Graph-safe** with [`FusedRows::Capacity`]: no host synchronisation; a capacity smaller
 /// than `Σ_e A_e` drops the slots whose row would be `>= M` (their `token_topk_to_pos` is `-1`)
-/// while the per-expert outputs report the full layout (see the module docs).
+/// while the per-expert outputs report the full layout (see the module docs). Before capturing
+/// it in a CUDA graph, call [`crate::prewarm`] (or the op once) on the stream: the first call on
+/// a stream allocates and zero-fills the stream's small workspace (its ticket counter), which
+/// is not capturable.
 /// [`FusedRows::HostSync`] (opt-in) reads `expert_end[E-1]` back after the first launch (**a host
 /// synchronisation**) and scatters into maps of exactly `Σ_e A_e` rows (no trimming copies).
 ///

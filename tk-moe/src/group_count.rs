@@ -103,7 +103,9 @@ pub(crate) mod count {
 ///
 /// GPU limit beyond [`GroupCountParams::validate`]: `G <= i32::MAX` ([`TkError::Param`] naming
 /// `num_groups`). The stream's workspace holds `G + 1` counters (4 bytes each, rounded up to a
-/// power of two, at least 16 KiB), kept for later calls on that stream.
+/// power of two, at least 16 KiB), kept for later calls on that stream; it is allocated (and
+/// zero-filled) by the first call on the stream that needs it, which therefore must not be
+/// inside a CUDA graph capture ([`crate::prewarm`] prepares 4095 bins).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
