@@ -2,10 +2,10 @@
 // of entries equal to e (illegal entries skipped); all zeros when T == 0.
 //
 // Defines: TK_E (experts).
-// One launch of one thread-block cluster (moe.cuh cluster_histogram: exact integer counts, no
-// memset, no global atomics), then the formula once per expert: one u64 -> fp32 conversion
-// (RNE) and one IEEE division by `den`, the host's fp32(T * num_aux_topk). Run to run and for
-// any grid, the bits are the same.
+// One launch over the whole GPU (moe.cuh grid_histogram: exact integer counts in the per-stream
+// workspace, no memset), then the formula once per expert in the last CTA: one u64 -> fp32
+// conversion (RNE) and one IEEE division by `den`, the host's fp32(T * num_aux_topk). Run to
+// run and for any grid, the bits are the same.
 #include "tk/moe.cuh"
 
 #ifndef TK_E
@@ -14,10 +14,12 @@
 
 using namespace tkm;
 
-// f: (E,) fp32; idx: (T, K) i64 row stride ld (flat: one contiguous 16-byte aligned run).
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(COUNT_THREADS)
-    tk_aux_fi(float* __restrict__ f, const i64* __restrict__ idx, u64 ld, u64 T, u32 K, u32 flat, float den) {
-    cluster_histogram<TK_E>(idx, ld, K, T * K, flat != 0, [&](u32 e, u32 c) {
+// f: (E,) fp32; ws: (1 + E,) u32 zeroed workspace (left zeroed); idx: (T, K) i64 row stride ld
+// (flat: one contiguous 16-byte aligned run).
+extern "C" __global__ void __launch_bounds__(COUNT_THREADS)
+    tk_aux_fi(float* __restrict__ f, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T, u32 K,
+              u32 flat, float den) {
+    grid_histogram<TK_E>(ws, idx, ld, K, T * K, flat != 0, [&](u32 e, u32 c) {
         f[e] = T == 0 ? 0.0f : __fdiv_rn(__ull2float_rn((u64)c * (u64)TK_E), den);
     });
 }

@@ -7,10 +7,12 @@
 // Two entries, launched in this order:
 // * tk_expand_mark: src[p] = t*K + k for every legal slot (t, k) targeting row p (one thread per
 //   slot; src is not initialised: see row_targeted in moe.cuh);
-// * tk_expand_to_fused: one warp per "task": tasks [0, T) copy token t's row to all its rows
-//   (the row is read once, written K times, TK_VEC-byte accesses, 8 in flight per lane),
-//   tasks [T, T + M) zero row p - T unless a slot targets it. A row is thus either copied or
-//   zeroed, never both, and every row of the output is written.
+// * tk_expand_to_fused: one warp per "task": tasks [0, Z) (Z = ceil(M / 32)) zero the rows
+//   32z .. 32z + 31 that no slot targets (moe.cuh warp_zero_untargeted; first, so that their
+//   index latency overlaps the copies), tasks [Z, Z + T) copy token t = task - Z's row to all
+//   its rows (the row is read once, written K times, TK_VEC-byte accesses, 8 in flight per
+//   lane). A row is thus either copied or zeroed, never both, and every row of the output is
+//   written.
 #include "tk/moe.cuh"
 
 #ifndef TK_VEC
@@ -41,18 +43,20 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused(vec_t* _
                                                                      u64 ldx, const i32* __restrict__ ttp, u64 ld_ttp,
                                                                      const u32* __restrict__ src, u64 T, u64 M, u64 n) {
     const u32 lane = threadIdx.x % 32;
-    for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < T + M; task += (u64)gridDim.x * WARPS) {
-        if (task < T) {
+    const u64 Z = (M + 31) / 32;  // zero tasks
+    for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < Z + T; task += (u64)gridDim.x * WARPS) {
+        if (task >= Z) {
+            const u64 t = task - Z;
             i64 pos[KG];  // lane j of group g: the row of slot 32g + j
 #pragma unroll
             for (int g = 0; g < KG; ++g) {
                 const u32 k = g * 32 + lane;
-                pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + task * ld_ttp + k), (i64)M) : -1;
+                pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + t * ld_ttp + k), (i64)M) : -1;
             }
-            warp_scatter_row<vec_t, 8, KG>(out, x + task * ldx, n, pos, TK_K, lane);
+            warp_scatter_row<vec_t, 8, KG>(out, x + t * ldx, n, pos, TK_K, lane);
         } else {
-            const u64 p = task - T;
-            if (!row_targeted(src, ttp, ld_ttp, T, TK_K, M, p)) warp_zero_row(out + p * n, n, lane);
+            warp_zero_untargeted(src, ttp, ld_ttp, T, TK_K, M, M, 32 * task, lane,
+                                 [&](u64 p) { warp_zero_row(out + p * n, n, lane); });
         }
     }
 }

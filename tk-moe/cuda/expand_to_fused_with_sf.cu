@@ -7,9 +7,10 @@
 // storage columns M .. ld_osf are zeroed too; 0: out_sf is row-major (M, hs)).
 //
 // Launched after tk_expand_mark (expand_to_fused.cu) has recorded a slot of every targeted
-// row. One warp per task: tasks [0, T) copy token t's data row (read once) and its hs scales to all its rows;
-// tasks [T, T + R) zero row p = task - T (R = ld_osf for column-major scales, else M): the data
-// and scale row when p < M is untargeted, the storage-only scale row when p >= M.
+// row. One warp per task: tasks [0, Z) zero the untargeted rows 32z .. 32z + 31 (moe.cuh
+// warp_zero_untargeted, Z = ceil(R / 32), R = ld_osf for column-major scales, else M): the data
+// and scale row when p < M is untargeted, the storage-only scale row when p >= M; tasks
+// [Z, Z + T) copy token t = task - Z's data row (read once) and its hs scales to all its rows.
 #include "tk/moe.cuh"
 
 #ifndef TK_VEC
@@ -41,18 +42,20 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
     const u32* __restrict__ src, u64 T, u64 M) {
     const u32 lane = threadIdx.x % 32;
     const u64 zero_rows = TK_SF_COL ? ld_osf : M;
-    for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < T + zero_rows; task += (u64)gridDim.x * WARPS) {
-        if (task < T) {
+    const u64 Z = (zero_rows + 31) / 32;  // zero tasks
+    for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < Z + T; task += (u64)gridDim.x * WARPS) {
+        if (task >= Z) {
+            const u64 t = task - Z;
             i64 pos[KG];  // lane j of group g: the row of slot 32g + j
 #pragma unroll
             for (int g = 0; g < KG; ++g) {
                 const u32 k = g * 32 + lane;
-                pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + task * ld_ttp + k), (i64)M) : -1;
+                pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + t * ld_ttp + k), (i64)M) : -1;
             }
-            const u32* srow = sf + task * ld_sf;  // (hs,) scales of token `task`
+            const u32* srow = sf + t * ld_sf;  // (hs,) scales of token t
             // The first 32 scales are loaded before the data row, so their latency overlaps it.
             const u32 first = lane < hs ? __ldg(srow + lane) : 0u;
-            warp_scatter_row<vec_t, 8, KG>(out, x + task * ldx, n, pos, TK_K, lane);
+            warp_scatter_row<vec_t, 8, KG>(out, x + t * ldx, n, pos, TK_K, lane);
             for (u64 j0 = 0; j0 < hs; j0 += 32) {  // the whole warp iterates: shuffles need every lane
                 const u64 j = j0 + lane;
                 const u32 v = j0 == 0 ? first : j < hs ? __ldg(srow + j) : 0u;
@@ -66,11 +69,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
                 }
             }
         } else {
-            const u64 p = task - T;
-            const bool data_row = p < M;
-            if (data_row && row_targeted(src, ttp, ld_ttp, T, TK_K, M, p)) continue;
-            if (data_row) warp_zero_row(out + p * n, n, lane);
-            for (u64 j = lane; j < hs; j += 32) out_sf[osf_index(p, j, hs, ld_osf)] = 0u;
+            warp_zero_untargeted(src, ttp, ld_ttp, T, TK_K, M, zero_rows, 32 * task, lane, [&](u64 p) {
+                if (p < M) warp_zero_row(out + p * n, n, lane);
+                for (u64 j = lane; j < hs; j += 32) out_sf[osf_index(p, j, hs, ld_osf)] = 0u;
+            });
         }
     }
 }

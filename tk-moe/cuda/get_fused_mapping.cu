@@ -4,19 +4,21 @@
 //
 // Defines: TK_K (slots per token), TK_E (experts, <= 1024).
 //
-// Three entries, launched in this order on one stream (the host-sync convenience reads the
-// layout's end between 2 and 3 to size the row maps):
-// 1. tk_fused_count (B blocks of 256): block b counts the entries of its flat chunk
+// Two entries, launched in this order on one stream (the host-sync convenience reads the
+// layout's end between them to size the row maps):
+// 1. tk_fused_count_scan (B blocks of 1024): block b counts the entries of its flat chunk
 //    [b*L, (b+1)*L) per expert into cnt[b, :] (shared histogram with 32 lane copies per expert
-//    for E <= 256; each thread loads four 16-byte pairs of entries before counting them).
-// 2. tk_fused_scan (1 block of 1024): per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e],
-//    summed by up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of
-//    A_e gives expert_start; writes start, end and A_e, and turns cnt[b, e] into the first row
-//    of chunk b's entries of expert e.
-// 3. tk_fused_scatter (B blocks of 256): block b walks its chunk in tiles of 256 entries in
-//    order (the entries of 8 tiles loaded together); an entry's row is base[e] + (same-expert
-//    entries in earlier warps of the tile, from per-warp counts in shared memory) +
-//    (same-expert lanes below it, from __match_any_sync).
+//    for E <= 256; each thread loads four 16-byte pairs of entries before counting them). The
+//    last block to finish (moe.cuh last_block_done: a ticket in the per-stream workspace, which
+//    it resets) then scans: per expert e, c_e = sum_b cnt[b, e] (kept in cnt[B, e], summed by
+//    up to 32 threads per expert) and A_e = align(c_e, a); an exclusive block scan of A_e gives
+//    expert_start; it writes start, end and A_e, and turns cnt[b, e] into the first row of
+//    chunk b's entries of expert e.
+// 2. tk_fused_scatter (B blocks of 256): warp w of block b owns an eighth of chunk b and walks
+//    it twice, 32 entries at a time (the first 8 groups loaded before anything else): it counts
+//    its entries per expert, one block-wide scan over the warps gives each warp's offsets, and
+//    it places them: an entry's row is base[e] + (same-expert entries of earlier warps) +
+//    (the warp's earlier same-expert entries) + (same-expert lanes below it, __match_any_sync).
 //    Entries whose row would be >= M (capacity too small) get token_topk_to_pos = -1 and no row.
 //    The blocks also write -1 to the padding rows: the tail of expert e's segment (block
 //    e mod B) and the rows after the last segment (grid-stride).
@@ -37,32 +39,14 @@ constexpr i64 I32_MAX = 2147483647;
 
 __device__ __forceinline__ i32 sat_i32(i64 v) { return (i32)(v < I32_MAX ? v : I32_MAX); }
 
-// cnt: (B + 1, E) i32 scratch (rows 0..B written here); idx: (T, K) i64 row stride ld (flat:
-// one contiguous 16-byte aligned run). L (the chunk length) is a multiple of THREADS.
-extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_count(i32* __restrict__ cnt, const i64* __restrict__ idx,
-                                                                     u64 ld, u64 T, u64 L, u32 flat) {
-    constexpr u32 REPL = TK_E <= REPL_BINS ? 32 : 1;
-    __shared__ u32 hist[TK_E * REPL];       // (E, REPL) counts of this chunk
-    __shared__ u32 tot[REPL > 1 ? TK_E : 1];  // (E,) the folded copies (REPL > 1)
-    for (u32 i = threadIdx.x; i < TK_E * REPL; i += THREADS) hist[i] = 0;
-    __syncthreads();
-    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
-    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, THREADS);
-    __syncthreads();
-    if (REPL > 1) {
-        fold_copies<REPL>(tot, hist, TK_E);
-        __syncthreads();
-    }
-    const u32* sums = REPL > 1 ? tot : hist;
-    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)sums[e];
-}
-
-// Threads per expert in tk_fused_scan: a power of two <= 32 (one warp segment) with
-// E_pad * G <= 1024, E_pad the next power of two >= E.
+// Threads per expert in the scan: a power of two <= 32 (one warp segment) with
+// E_pad * G <= SCAN_THREADS, E_pad the next power of two >= E.
+constexpr int SCAN_THREADS = 1024;
 __host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
-constexpr int SCAN_G = 1024 / pow2_at_least(TK_E) < 32 ? 1024 / pow2_at_least(TK_E) : 32;
+constexpr int SCAN_G =
+    SCAN_THREADS / pow2_at_least(TK_E) < 32 ? SCAN_THREADS / pow2_at_least(TK_E) : 32;
 
-// Exclusive block scan (1024 threads) of one i64 per thread.
+// Exclusive block scan (SCAN_THREADS threads) of one i64 per thread.
 __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     i64 incl = v;
@@ -86,30 +70,34 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
     return incl - v + (warp > 0 ? warp_sums[warp - 1] : 0);
 }
 
-// cnt: (B + 1, E) i32; rows 0..B in: chunk counts, out: first row of each chunk's entries
-// (saturated); row B out: c_e (the raw counts); expert_start, expert_end,
-// num_tokens_per_expert: (E,) i32. One block of 1024 threads: SCAN_G consecutive threads per
-// expert (a warp segment) share its B chunks, scan their partial sums with shuffles, and one
-// block scan over the experts gives the segment starts.
-extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict__ cnt, u64 B, i64 a,
-                                                                 i32* __restrict__ expert_start,
-                                                                 i32* __restrict__ expert_end,
-                                                                 i32* __restrict__ num_tokens_per_expert) {
+// The scan of the last block. cnt: (B + 1, E) i32; rows 0..B in: chunk counts (written by
+// other blocks of this launch: read through L2 with __ldcg), out: first row of each chunk's
+// entries (saturated); row B out: c_e (the raw counts); expert_start, expert_end,
+// num_tokens_per_expert: (E,) i32. SCAN_G consecutive threads per expert (a warp segment)
+// share its B chunks (the first CB of each thread kept in registers between the two passes),
+// scan their partial sums with shuffles, and one block scan over the experts gives the
+// segment starts.
+__device__ __forceinline__ void scan_chunks(i32* __restrict__ cnt, u64 B, i64 a, i32* __restrict__ expert_start,
+                                            i32* __restrict__ expert_end,
+                                            i32* __restrict__ num_tokens_per_expert) {
     __shared__ i64 warp_sums[32];
-    __shared__ i64 seg[1024];  // (E,) A_e, then expert_start
+    __shared__ i64 seg[SCAN_THREADS];  // (E,) A_e, then expert_start
     const u32 e = threadIdx.x / SCAN_G, s = threadIdx.x % SCAN_G;
     const bool active = e < TK_E;
     const u64 per = (B + SCAN_G - 1) / SCAN_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
-    i64 local = 0;  // this thread's chunks of expert e
     constexpr int CB = 8;  // chunk counts loaded together
-    if (active) {
-        for (u64 b = b0; b < b1; b += CB) {
-            i32 c[CB];  // (CB,) counts of chunks b ..
+    i32 head[CB];          // (CB,) counts of chunks b0 .. b0 + CB (0 past b1)
 #pragma unroll
-            for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+    for (int r = 0; r < CB; ++r) head[r] = active && b0 + r < b1 ? __ldcg(cnt + (b0 + r) * TK_E + e) : 0;
+    i64 local = 0;  // this thread's chunks of expert e
 #pragma unroll
-            for (int r = 0; r < CB; ++r) local += c[r];
-        }
+    for (int r = 0; r < CB; ++r) local += head[r];
+    for (u64 b = b0 + CB; active && b < b1; b += CB) {
+        i32 c[CB];  // (CB,) counts of chunks b ..
+#pragma unroll
+        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? __ldcg(cnt + (b + r) * TK_E + e) : 0;
+#pragma unroll
+        for (int r = 0; r < CB; ++r) local += c[r];
     }
     i64 incl = local;  // inclusive scan within the expert's segment of SCAN_G lanes
 #pragma unroll
@@ -134,10 +122,15 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
         num_tokens_per_expert[e] = sat_i32(len);
     }
     i64 run = start + incl - local;
-    for (u64 b = b0; b < b1; b += CB) {
+#pragma unroll
+    for (int r = 0; r < CB; ++r) {
+        if (b0 + r < b1) cnt[(b0 + r) * TK_E + e] = sat_i32(run);
+        run += head[r];
+    }
+    for (u64 b = b0 + CB; b < b1; b += CB) {
         i32 c[CB];  // (CB,) counts of chunks b ..
 #pragma unroll
-        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? cnt[(b + r) * TK_E + e] : 0;
+        for (int r = 0; r < CB; ++r) c[r] = b + r < b1 ? __ldcg(cnt + (b + r) * TK_E + e) : 0;
 #pragma unroll
         for (int r = 0; r < CB; ++r) {
             if (b + r < b1) cnt[(b + r) * TK_E + e] = sat_i32(run);
@@ -146,80 +139,155 @@ extern "C" __global__ void __launch_bounds__(1024) tk_fused_scan(i32* __restrict
     }
 }
 
-// base: (B + 1, E) i32 from tk_fused_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
-// contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_scan.
-extern "C" __global__ void __launch_bounds__(THREADS) tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx,
-                                                                       u64 ld, u64 T, u64 L, u64 M, i32* __restrict__ ttp,
-                                                                       i32* __restrict__ pos_to_expert,
-                                                                       i32* __restrict__ pos_to_token,
-                                                                       i32* __restrict__ pos_to_token_topk,
-                                                                       const i32* __restrict__ expert_start,
-                                                                       const i32* __restrict__ expert_end) {
+// cnt: (B + 1, E) i32 scratch (B = gridDim.x; row b written by block b, then all rows by the
+// scan); ws: the per-stream zeroed workspace (word 0: the ticket, left zero); idx: (T, K) i64
+// row stride ld (flat: one contiguous 16-byte aligned run); expert_start, expert_end,
+// num_tokens_per_expert: (E,) i32. L (the chunk length) is a multiple of 256.
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+    tk_fused_count_scan(i32* __restrict__ cnt, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T,
+                        u64 L, u32 flat, i64 a, i32* __restrict__ expert_start, i32* __restrict__ expert_end,
+                        i32* __restrict__ num_tokens_per_expert) {
+    constexpr u32 REPL = TK_E <= REPL_BINS ? 32 : 1;
+    __shared__ u32 hist[TK_E * REPL];       // (E, REPL) counts of this chunk
+    __shared__ u32 tot[REPL > 1 ? TK_E : 1];  // (E,) the folded copies (REPL > 1)
+    for (u32 i = threadIdx.x; i < TK_E * REPL; i += SCAN_THREADS) hist[i] = 0;
+    __syncthreads();
+    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
+    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, SCAN_THREADS);
+    __syncthreads();
+    if (REPL > 1) {
+        fold_copies<REPL>(tot, hist, TK_E);
+        __syncthreads();
+    }
+    const u32* sums = REPL > 1 ? tot : hist;
+    for (u32 e = threadIdx.x; e < TK_E; e += SCAN_THREADS) cnt[(u64)blockIdx.x * TK_E + e] = (i32)sums[e];
+    if (last_block_done(ws)) scan_chunks(cnt, gridDim.x, a, expert_start, expert_end, num_tokens_per_expert);
+}
+
+// Stores the maps of entry i (expert v >= 0, fused row p): its row p when p < M, else
+// token_topk_to_pos = -1 only (capacity too small).
+__device__ __forceinline__ void place(i32* __restrict__ ttp, i32* __restrict__ pos_to_expert,
+                                      i32* __restrict__ pos_to_token, i32* __restrict__ pos_to_token_topk, u64 M,
+                                      u64 i, i64 v, i64 p) {
+    if (p < (i64)M) {
+        ttp[i] = (i32)p;
+        pos_to_expert[p] = (i32)v;
+        pos_to_token[p] = (i32)(i / TK_K);
+        pos_to_token_topk[p] = (i32)i;
+    } else {
+        ttp[i] = -1;
+    }
+}
+
+// base: (B + 1, E) i32 from tk_fused_count_scan; idx: (T, K) i64 row stride ld; ttp: (T, K) i32
+// contiguous; pos_to_*: (M,) i32; expert_start, expert_end: (E,) i32 from tk_fused_count_scan.
+// Warp w of block b owns the sub-chunk [b*L + w*L/8, b*L + (w+1)*L/8) (L/8 is a multiple of 32)
+// and walks it twice, 32 entries at a time: first counting its entries per expert (wcnt[w, :]),
+// then, after one block-wide exclusive scan of wcnt over the warps, placing them (row = the
+// chunk's base + the earlier warps' count + the warp's running count + same-expert lanes below,
+// __match_any_sync). Only three block barriers in all; R groups of 32 entries per lane stay in
+// registers between the two walks (all of a sub-chunk on the moe12 shapes).
+extern "C" __global__ void __launch_bounds__(THREADS)
+    tk_fused_scatter(const i32* __restrict__ base, const i64* __restrict__ idx, u64 ld, u64 T, u64 L, u64 M,
+                     i32* __restrict__ ttp, i32* __restrict__ pos_to_expert, i32* __restrict__ pos_to_token,
+                     i32* __restrict__ pos_to_token_topk, const i32* __restrict__ expert_start,
+                     const i32* __restrict__ expert_end) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u64 sub = L / WARPS;
+    const u64 wbegin = min(blockIdx.x * L + warp * sub, T * TK_K), wend = min(wbegin + sub, T * TK_K);
+    constexpr int R = 8;  // groups of 32 entries per lane held in registers
+    const bool one_round = wend - wbegin <= R * 32;
+    i32 vs[R];            // (R,) this lane's entry of each group: its legal expert or -1
+    const auto load_groups = [&](u64 g0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u64 i = g0 + r * 32 + lane;
+            vs[r] = i < wend ? (i32)legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
+        }
+    };
+    // The first groups' entries are loaded first, so that their latency overlaps the padding
+    // rows and the setup below.
+    load_groups(wbegin);
+    // The other global values the setup needs are loaded next, before any of them is used, so
+    // that the setup costs one memory round (for E <= 256): this block's chunk base of expert
+    // threadIdx.x, the end of the last segment, and the first padding segment (expert b, when
+    // b < E).
+    const i32 base0 = threadIdx.x < TK_E ? base[(u64)blockIdx.x * TK_E + threadIdx.x] : 0;
+    const u64 B = gridDim.x;
+    const u64 tail = (u64)expert_end[TK_E - 1];
+    u64 first = 0, last = 0;  // padding rows of expert b
+    if (blockIdx.x < TK_E) {
+        first = (u64)expert_start[blockIdx.x] + (u64)base[B * TK_E + blockIdx.x];
+        last = min((u64)expert_end[blockIdx.x], M);
+    }
     // Padding rows: the tail of each segment (experts e = b mod B), then the rows after the
     // last segment (grid-stride). Disjoint from the rows of real entries.
-    const u64 B = gridDim.x;
     for (u32 e = blockIdx.x; e < TK_E; e += gridDim.x) {
-        const u64 first = (u64)expert_start[e] + (u64)base[B * TK_E + e], last = min((u64)expert_end[e], M);
+        if (e != blockIdx.x) {
+            first = (u64)expert_start[e] + (u64)base[B * TK_E + e];
+            last = min((u64)expert_end[e], M);
+        }
         for (u64 p = first + threadIdx.x; p < last; p += THREADS) {
             pos_to_expert[p] = -1;
             pos_to_token[p] = -1;
             pos_to_token_topk[p] = -1;
         }
     }
-    for (u64 p = (u64)expert_end[TK_E - 1] + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
+    for (u64 p = tail + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
         pos_to_expert[p] = -1;
         pos_to_token[p] = -1;
         pos_to_token_topk[p] = -1;
     }
-    __shared__ i64 running[TK_E];     // (E,) next row of each expert for this block
-    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) entries per expert in each warp of the tile
-    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __shared__ i64 running[TK_E];      // (E,) first row of this block's entries of each expert
+    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) per warp: its count, then its running offset
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
-        running[e] = base[(u64)blockIdx.x * TK_E + e];
+        running[e] = e == threadIdx.x ? base0 : base[(u64)blockIdx.x * TK_E + e];
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
     }
     __syncthreads();
-    const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);
-    constexpr int R = 8;  // tiles whose entries are loaded together
-    for (u64 t0 = begin; t0 < end; t0 += R * THREADS) {
-        i64 vs[R];  // (R,) this thread's entry of each tile
+    u32* const my = wcnt[warp];  // (E,) this warp's row
+    // Walk 1: count. The leaders of a group hold distinct experts; __syncwarp orders a leader's
+    // update before another lane's in the next group.
+    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
+        if (g0 != wbegin) load_groups(g0);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const u64 i = t0 + r * THREADS + threadIdx.x;
-            vs[r] = i < end ? legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
+            const i32 v = vs[r];
+            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
+            if (v >= 0 && __popc(same & ((1u << lane) - 1)) == 0) my[v] += __popc(same);
+            __syncwarp();
         }
+    }
+    __syncthreads();
+    // Exclusive scan of each expert's counts over the warps (the entries of warp w come after
+    // those of the warps before it).
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
+        u32 run = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const u32 c = wcnt[w][e];
+            wcnt[w][e] = run;
+            run += c;
+        }
+    }
+    __syncthreads();
+    // Walk 2: place, in flat order.
+    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
+        if (!one_round) load_groups(g0);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const u64 tile = t0 + r * THREADS;
-            if (tile >= end) break;  // block-uniform
-            const u64 i = tile + threadIdx.x, t = i / TK_K;
-            const i64 v = vs[r];
+            const u64 i = g0 + r * 32 + lane;
+            const i32 v = vs[r];
             const u32 same = __match_any_sync(0xffffffffu, (u32)v);
             const u32 below = __popc(same & ((1u << lane) - 1));
-            const bool leader = below == 0;
-            if (v >= 0 && leader) wcnt[warp][v] = __popc(same);
-            __syncthreads();
-            if (v >= 0) {
-                i64 p = running[v] + below;
-                for (u32 w = 0; w < warp; ++w) p += wcnt[w][v];
-                if (p < (i64)M) {
-                    ttp[i] = (i32)p;
-                    pos_to_expert[p] = (i32)v;
-                    pos_to_token[p] = (i32)t;
-                    pos_to_token_topk[p] = (i32)i;
-                } else {
-                    ttp[i] = -1;
-                }
-            } else if (i < end) {
+            if (v >= 0)
+                place(ttp, pos_to_expert, pos_to_token, pos_to_token_topk, M, i, v, running[v] + my[v] + below);
+            else if (i < wend)
                 ttp[i] = -1;
-            }
-            __syncthreads();
-            if (v >= 0 && leader) {
-                atomicAdd(reinterpret_cast<unsigned long long*>(running + v), (unsigned long long)__popc(same));
-                wcnt[warp][v] = 0;
-            }
-            __syncthreads();
+            __syncwarp();  // every lane has read my[v] before its leader advances it
+            if (v >= 0 && below == 0) my[v] += __popc(same);
+            __syncwarp();
         }
     }
 }

@@ -2,8 +2,8 @@
 // entries that are not legal (-1 or out of range) are skipped.
 //
 // Defines: TK_G (bins).
-// One launch of one thread-block cluster (moe.cuh cluster_histogram: exact integer counts, no
-// memset, no global atomics); every bin is written, zeros included.
+// One launch over the whole GPU (moe.cuh grid_histogram: exact integer counts in the per-stream
+// workspace, no memset); the last CTA writes every bin, zeros included.
 #include "tk/moe.cuh"
 
 #ifndef TK_G
@@ -12,8 +12,10 @@
 
 using namespace tkm;
 
-// counts: (G,) i32; idx: (T, K) i64 row stride ld (flat: one contiguous 16-byte aligned run).
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(COUNT_THREADS)
-    tk_group_count(i32* __restrict__ counts, const i64* __restrict__ idx, u64 ld, u64 T, u32 K, u32 flat) {
-    cluster_histogram<TK_G>(idx, ld, K, T * K, flat != 0, [&](u32 g, u32 c) { counts[g] = (i32)c; });
+// counts: (G,) i32; ws: (1 + G,) u32 zeroed workspace (left zeroed); idx: (T, K) i64 row
+// stride ld (flat: one contiguous 16-byte aligned run).
+extern "C" __global__ void __launch_bounds__(COUNT_THREADS)
+    tk_group_count(i32* __restrict__ counts, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T,
+                   u32 K, u32 flat) {
+    grid_histogram<TK_G>(ws, idx, ld, K, T * K, flat != 0, [&](u32 g, u32 c) { counts[g] = (i32)c; });
 }

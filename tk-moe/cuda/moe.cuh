@@ -18,38 +18,41 @@ __device__ __forceinline__ i64 legal_or_minus_one(I v, i64 upper) {
     return (w >= 0 && w < upper) ? w : -1;
 }
 
-// ----- one-launch exact histograms (aux_fi, group_count) on a thread-block cluster ----------
+// ----- one-launch exact histograms (aux_fi, group_count) over the whole GPU ----------------
 //
-// CLUSTER CTAs of COUNT_THREADS threads (compile-time cluster dims, sm_90+: one ordinary launch
-// of CLUSTER blocks). Each CTA counts its share of the entries into a shared-memory histogram;
-// a cluster barrier publishes them and each bin's total is summed from the CTAs' histograms
-// through distributed shared memory. No zeroed global memory, no memset, no global atomics:
-// the integer totals are exact, so the result does not depend on any order.
-constexpr u32 CLUSTER = 8;
-constexpr u32 COUNT_THREADS = 1024;
-constexpr u32 COUNT_BINS = 8192;  // bins of one shared histogram window (32 KiB)
-constexpr int COUNT_PAIRS = 8;    // pairs per thread in flight (128 KiB per SM; no spills at 64 registers)
+// A grid of COUNT_THREADS-thread CTAs (as many as the entries need, up to a few per SM): each
+// CTA counts its grid-stride share of the entries into a shared-memory histogram and adds its
+// non-zero bins to the per-stream workspace's integer counters with global atomics (integer
+// sums: exact, whatever the order). The last CTA to finish (ticket counter, last_block_done)
+// reads every total while resetting the counters to zero (atomicExch) and writes the output, so
+// the workspace is all zeros again when the kernel ends: no memset launch, graph-safe.
+constexpr u32 COUNT_THREADS = 256;
+constexpr u32 COUNT_BINS = 8192;  // bins up to which a CTA histograms in shared memory (32 KiB)
+constexpr int COUNT_PAIRS = 4;    // pairs per thread in flight (64 B of loads per thread)
 
-// This CTA's rank in its cluster.
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
+// The workspace of the ops that finish in their last CTA (src/workspace.rs): word 0 is the
+// ticket counter, words 1.. the counters of grid_histogram; all zero between kernels.
+constexpr u32 WS_TICKET = 0;
+constexpr u32 WS_BINS = 1;
 
-// Barrier of every thread of the cluster (release / acquire at cluster scope: shared and global
-// writes before it are visible to every CTA of the cluster after it).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
-}
-
-// The u32 at `p` (this CTA's shared memory address) in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ u32 ld_cluster_u32(const u32* p, u32 rank) {
-    const u32 local = (u32)__cvta_generic_to_shared(p);
-    u32 remote, v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
-    return v;
+// Block-wide (every thread calls it): true in every thread of the last CTA to arrive, after
+// which that CTA sees every global write and atomic the other CTAs made before arriving. Resets
+// the ticket to zero in the last CTA (every other CTA has taken its ticket by then). The pattern
+// of a grid barrier: the CTA barrier orders its threads' accesses before thread 0's fence and
+// ticket; one thread fences (a fence per thread would cost a MEMBAR.SC.GPU each).
+__device__ __forceinline__ bool last_block_done(u32* ws) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();  // release: this CTA's global writes and atomics before its ticket
+        last = atomicAdd(ws + WS_TICKET, 1u) == gridDim.x - 1;
+        if (last) {
+            atomicExch(ws + WS_TICKET, 0u);
+            __threadfence();  // acquire: the other CTAs' writes are seen from here on
+        }
+    }
+    __syncthreads();
+    return last;
 }
 
 // Entries 2j and 2j + 1 of the flat (T*K = N entries) view of idx (row stride ld), -1 past the
@@ -113,47 +116,37 @@ __device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins
 }
 
 // The exact count c_e of the entries equal to e of idx (T, K) row stride ld (N = T*K entries),
-// for every e in [0, E): calls put(e, c_e) once per bin, from some thread of the cluster.
-// E <= COUNT_BINS: the CTAs split the entries; each CTA's histogram (32 lane copies per bin for
-// E <= REPL_BINS, folded into `tot` after counting) is summed over the cluster's CTAs. Larger E: the
-// CTAs split the bins in windows of COUNT_BINS, each scanning every entry.
+// for every e in [0, E): calls put(e, c_e) once per bin, from a thread of the last CTA. ws: the
+// zeroed workspace of 1 + E words (left zeroed). E <= COUNT_BINS: each CTA counts into a shared
+// histogram (32 lane copies per bin for E <= REPL_BINS, folded after counting) and adds its
+// non-zero bins to ws; larger E: every entry is one global atomic on ws.
 template <u32 E, class Put>
-__device__ __forceinline__ void cluster_histogram(const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
-                                                  Put put) {
-    constexpr u32 W = E < COUNT_BINS ? E : COUNT_BINS;
+__device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                               Put put) {
+    constexpr bool SHARED = E <= COUNT_BINS;
+    constexpr u32 W = SHARED ? E : 1;
     constexpr u32 REPL = E <= REPL_BINS ? 32 : 1;
-    __shared__ u32 hist[W * REPL];            // (W, REPL) this CTA's counts of a window of bins
+    __shared__ u32 hist[W * REPL];            // (W, REPL) this CTA's counts (SHARED)
     __shared__ u32 tot[REPL > 1 ? W : 1];     // (W,) the folded copies (REPL > 1)
-    u32* const sums = REPL > 1 ? tot : hist;  // (W,) this CTA's count per bin
-    const u32 rank = cluster_rank();
-    if (E <= COUNT_BINS) {
+    u32* const bins = ws + WS_BINS;           // (E,) the grid's counts
+    const u32 g = blockIdx.x * COUNT_THREADS + threadIdx.x, ng = gridDim.x * COUNT_THREADS;
+    if (SHARED) {
         for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
         __syncthreads();
-        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, rank * COUNT_THREADS + threadIdx.x,
-                          CLUSTER * COUNT_THREADS);
+        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng);
+        __syncthreads();
         if (REPL > 1) {
-            __syncthreads();
             fold_copies<REPL>(tot, hist, W);
+            __syncthreads();
         }
-        cluster_sync();  // every CTA's counts are complete and visible to the cluster
-        for (u32 e = rank * COUNT_THREADS + threadIdx.x; e < E; e += CLUSTER * COUNT_THREADS) {
-            u32 c = 0;
-#pragma unroll
-            for (u32 q = 0; q < CLUSTER; ++q) c += ld_cluster_u32(sums + e, q);
-            put(e, c);
-        }
-        cluster_sync();  // no CTA exits (its shared memory) before every remote read is done
+        const u32* sums = REPL > 1 ? tot : hist;  // (W,) this CTA's count per bin
+        for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS)
+            if (sums[e] != 0) atomicAdd(bins + e, sums[e]);
     } else {
-        for (u64 lo = (u64)rank * W; lo < E; lo += (u64)CLUSTER * W) {
-            const u64 hi = min(lo + W, (u64)E);
-            for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS) hist[e] = 0;
-            __syncthreads();
-            count_pairs<1, COUNT_PAIRS>(hist, idx, ld, K, N, flat, (i64)lo, (i64)hi, 0, threadIdx.x, COUNT_THREADS);
-            __syncthreads();
-            for (u64 e = lo + threadIdx.x; e < hi; e += COUNT_THREADS) put((u32)e, hist[e - lo]);
-            __syncthreads();  // the reads finish before the next window's zeroing
-        }
+        count_pairs<1, COUNT_PAIRS>(bins, idx, ld, K, N, flat, 0, E, 0, g, ng);
     }
+    if (!last_block_done(ws)) return;
+    for (u32 e = threadIdx.x; e < E; e += COUNT_THREADS) put(e, atomicExch(bins + e, 0u));
 }
 
 // expand_to_fused(_with_sf): true when fused row p is targeted by a legal slot. src[p] is written
@@ -166,6 +159,20 @@ __device__ __forceinline__ bool row_targeted(const u32* __restrict__ src, const 
     const u64 i = src[p];
     if (i >= T * K) return false;
     return legal_or_minus_one(__ldg(ttp + (i / K) * ld_ttp + i % K), (i64)M) == (i64)p;
+}
+
+// expand_to_fused(_with_sf): the rows no legal slot targets, 32 at a time, so that a warp's
+// two dependent index loads cover 32 rows (the zero tasks are few and come first in the grid:
+// their latency overlaps the copies instead of trailing them). Lane l checks row p0 + l; then
+// the warp calls zero(p) (every lane) for each row p < rows that is >= M (a storage-only row)
+// or not targeted (row_targeted).
+template <class Zero>
+__device__ __forceinline__ void warp_zero_untargeted(const u32* __restrict__ src, const i32* __restrict__ ttp,
+                                                     u64 ld_ttp, u64 T, u32 K, u64 M, u64 rows, u64 p0, u32 lane,
+                                                     Zero zero) {
+    const u64 p = p0 + lane;
+    const bool z = p < rows && (p >= M || !row_targeted(src, ttp, ld_ttp, T, K, M, p));
+    for (u32 m = __ballot_sync(0xffffffffu, z); m != 0; m &= m - 1) zero(p0 + __ffs(m) - 1);
 }
 
 // One warp copies a row of `n` vectors `src` to the rows `pos` (one per slot, -1 = none) of

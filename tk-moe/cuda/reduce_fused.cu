@@ -18,6 +18,10 @@
 // EP8 benchmark). All loads of a batch are issued before its FMAs, which run in slot order.
 // The arithmetic uses explicit __fmaf_rn / __fmul_rn so that no contraction or reassociation
 // can change the bits.
+// A warp's first memory round (the token's positions and weights: first-touch DRAM misses of a
+// few bytes) has no row data in flight. Each warp therefore asks L2 for the positions and
+// weights of token t + ahead (ahead = about one resident block per SM, so the warp handling it
+// starts a few microseconds later and finds them in L2): a hint only, never a result.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -137,13 +141,18 @@ __device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_
     }
 }
 
+// Asks for the L2 line holding *p (a hint: no value, no fault).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // out: (T, n) output vectors, contiguous; x: (M, n) input vectors, row stride ldx (vectors);
 // x_sf: (M,) fp32 stride ld_xsf; w: (T, K) fp32 row stride ld_w; ttp: (T, K) i32 row stride
-// ld_ttp; sf: (1,) fp32. n = H / TK_W.
+// ld_ttp; sf: (1,) fp32. n = H / TK_W. ahead: the token distance of the L2 prefetch.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     tk_reduce_fused(out_vec_t* __restrict__ out, const in_vec_t* __restrict__ x, u64 ldx, const float* __restrict__ x_sf,
                     u64 ld_xsf, const float* __restrict__ w, u64 ld_w, const i32* __restrict__ ttp, u64 ld_ttp,
-                    const float* __restrict__ sf, u64 T, u64 M, u64 n) {
+                    const float* __restrict__ sf, u64 T, u64 M, u64 n, u64 ahead) {
     const u32 lane = threadIdx.x % 32;
     const float gsf = TK_SF ? __ldg(sf) : 1.0f;
     __shared__ i32 cpos[WARPS][32];    // (WARPS, 32) per warp: the compacted rows of a group
@@ -151,6 +160,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     i32* my_pos = cpos[threadIdx.x / 32];
     float* my_scl = cscl[threadIdx.x / 32];
     for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < T; t += (u64)gridDim.x * WARPS) {
+        const u64 tp = t + ahead;  // the token whose positions and weights are prefetched
+        if (tp < T && lane < TK_K) {
+            prefetch_l2(ttp + tp * ld_ttp + lane);
+            if (TK_WEIGHTS) prefetch_l2(w + tp * ld_w + lane);
+        }
         i32 pos[KG];    // lane r of group g: the row of the group's r-th legal slot
         float scl[KG];  // and its scalar s
         u32 nv[KG];     // legal slots of group g (warp-uniform)
@@ -158,10 +172,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
 #pragma unroll
         for (int g = 0; g < KG; ++g) {
             const u32 k = g * 32 + lane;
+            // The weight is loaded with the position, not after it (it is in the validated
+            // (T, K) tensor whatever the position): one memory round instead of two.
             const i32 q = k < TK_K ? (i32)legal_or_minus_one(__ldg(ttp + t * ld_ttp + k), (i64)M) : -1;
+            const float wk = TK_WEIGHTS && k < TK_K ? __ldg(w + t * ld_w + k) : 1.0f;
             float s = 1.0f;
 #if TK_WEIGHTS
-            if (q >= 0) s = __ldg(w + t * ld_w + k);
+            if (q >= 0) s = wk;
 #endif
 #if TK_XSF
             if (q >= 0) s = __fmul_rn(s, __ldg(x_sf + (u64)q * ld_xsf));

@@ -84,14 +84,16 @@ impl AuxFiParams {
 pub use gpu::*;
 
 /// The GPU op (feature `cuda`). **Kernel** (`cuda/aux_fi.cu`): one launch, no memset: the ids
-/// are counted exactly as in `group_count` (one thread-block cluster, shared-memory histograms
-/// summed through distributed shared memory), and the formula is applied once per expert: `fp32(c_e·E)` (one RNE
-/// conversion of the exact 64-bit product) divided (`__fdiv_rn`) by `fp32(T·num_aux_topk)`
-/// computed on the host. Bit-exact with the CPU reference and identical run to run, whatever
+/// are counted exactly as in `group_count` (shared-memory histograms over the whole GPU, summed
+/// with integer global atomics in the per-stream workspace), and the last CTA applies the
+/// formula once per expert: `fp32(c_e·E)` (one RNE conversion of the exact 64-bit product)
+/// divided (`__fdiv_rn`) by `fp32(T·num_aux_topk)` computed on the host. Bit-exact with the CPU reference and identical run to run, whatever
 /// the grid. Illegal entries are skipped (read as `-1`). No host sync.
 ///
 /// GPU limits beyond [`AuxFiParams::validate`]: `T·K <= i32::MAX` and `E <= i32::MAX`
-/// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`).
+/// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`). The
+/// stream's workspace holds `E + 1` counters, as for `group_count` (allocated by the first
+/// call on the stream that needs it: not inside a graph capture; see [`crate::prewarm`]).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -102,7 +104,7 @@ mod gpu {
     use super::AuxFiParams;
     use crate::checks::check_flat_fits_i32;
     use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
-    use crate::group_count::count::{check_bins, launch_config};
+    use crate::group_count::count::{check_bins, launch_config, workspace};
 
     static SOURCE: KernelSource = KernelSource {
         file: "aux_fi.cu",
@@ -155,12 +157,14 @@ mod gpu {
         check_out("out", out.layout(), &[e])?;
         let f = dev.function(&kernel_spec(e))?;
         let f_addr = out.address();
+        let ws = workspace(dev, e)?;
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
         let (t64, k32, flat) = (t as u64, k as u32, flat_entries(topk_idx));
         // fp32(T·num_aux_topk), rounded once as the CPU reference does (0 when T == 0: unused).
         let den = (t as u128 * params.num_aux_topk as u128) as f32;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&f_addr)
+            .arg(&ws)
             .arg(&idx)
             .arg(&ld)
             .arg(&t64)
@@ -169,8 +173,10 @@ mod gpu {
             .arg(&den);
         // SAFETY: the kernel reads topk_idx[t, k] for t < T, k < K (the validated view; pairs
         // with one 16-byte load only when `flat` says the entries are one aligned run) and
-        // writes f[e] for every 0 <= e < E (the checked (E,) output).
-        unsafe { l.launch(launch_config()) }.ctx("launching tk_aux_fi")?;
+        // writes f[e] for every 0 <= e < E (the checked (E,) output). It updates words 0..=E of
+        // the stream's workspace (at least 1 + E words) and leaves them zero; launches on this
+        // stream are ordered, so no other kernel uses them meanwhile.
+        unsafe { l.launch(launch_config(dev, t * k)) }.ctx("launching tk_aux_fi")?;
         Ok(())
     }
 }

@@ -118,7 +118,8 @@ pub use gpu::*;
 /// targeted row, one slot that targets it in an `(M,)` scratch (not initialised: each entry is
 /// verified against `token_topk_to_pos` when read); then one warp per task either copies a
 /// token's row to all its fused rows (read once, written `K` times, 16-byte accesses when the
-/// rows allow) or zeroes a row that no slot targets. Every output row is written
+/// rows allow) or (the first tasks, 32 rows each: their index latency overlaps the copies)
+/// zeroes the rows that no slot targets. Every output row is written
 /// exactly once (copied or zeroed), whatever the mapping, also when `T == 0`.
 ///
 /// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
@@ -288,7 +289,7 @@ mod gpu {
         // length; all buffers outlive the stream-ordered launch (src is freed in stream order).
         unsafe {
             l.launch(config(
-                blocks(shape.num_tokens + shape.num_rows, 8),
+                blocks(shape.num_tokens + shape.num_rows.div_ceil(32), 8),
                 THREADS,
             ))
         }

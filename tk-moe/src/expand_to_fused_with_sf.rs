@@ -192,8 +192,8 @@ pub use gpu::*;
 /// **Kernels** (`cuda/expand_to_fused_with_sf.cu`): a slot of every targeted row is recorded as
 /// in [`expand_to_fused`](crate::expand_to_fused()), then one warp per task copies a token's
 /// data row (16-byte accesses when the rows allow) and its `Hs` scale words to all its fused
-/// rows, or zeroes a row that no slot targets in both tensors (and, column-major, the storage columns
-/// `M .. align(M, 4)`). Every element of `out` and of `out_sf`'s storage is written exactly once.
+/// rows, or (the first tasks, 32 rows each) zeroes the rows that no slot targets in both
+/// tensors (and, column-major, the storage columns `M .. align(M, 4)`). Every element of `out` and of `out_sf`'s storage is written exactly once.
 ///
 /// **Index contract on the GPU**: as `expand_to_fused` (illegal entries read as `-1`, never an
 /// out-of-bounds access; `T·K <= i32::MAX`). No host sync.
@@ -389,7 +389,7 @@ mod gpu {
         // length; all buffers outlive the stream-ordered launch.
         unsafe {
             l.launch(config(
-                blocks(shape.data.num_tokens + zero_rows, 8),
+                blocks(shape.data.num_tokens + zero_rows.div_ceil(32), 8),
                 THREADS,
             ))
         }

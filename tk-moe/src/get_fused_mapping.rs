@@ -278,22 +278,25 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`).
 ///
-/// **Kernels** (`cuda/get_fused_mapping.cu`), three launches on the op's stream, deterministic
+/// **Kernels** (`cuda/get_fused_mapping.cu`), two launches on the op's stream, deterministic
 /// (positions come from prefix sums of exact counts, never from the order of atomics):
-/// 1. count: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each block counts
-///    its chunk per expert (shared-memory histogram);
-/// 2. scan (one block): per-expert totals and chunk prefixes, `A_e = align(c_e, a)`, a block
-///    scan for `expert_start`; writes the per-expert outputs and each chunk's first row per
-///    expert;
-/// 3. scatter: each block walks its chunk in order, 256 entries at a time, ranking equal experts
+/// 1. count and scan: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each
+///    block of 1024 threads counts its chunk per expert (shared-memory histogram), and the last
+///    block to finish (a ticket in the per-stream zeroed workspace, reset by that block) scans:
+///    per-expert totals and chunk prefixes, `A_e = align(c_e, a)`, a block scan for
+///    `expert_start`; it writes the per-expert outputs and each chunk's first row per expert;
+/// 2. scatter: each block walks its chunk in order, 256 entries at a time, ranking equal experts
 ///    with `__match_any_sync` and per-warp counts, and writes all four maps (and `-1` to the
 ///    padding rows).
 ///
 /// The result is bit-identical to the CPU reference (ascending flat order inside a segment).
 /// **Graph-safe** with [`FusedRows::Capacity`]: no host synchronisation; a capacity smaller
 /// than `Σ_e A_e` drops the slots whose row would be `>= M` (their `token_topk_to_pos` is `-1`)
-/// while the per-expert outputs report the full layout (see the module docs).
-/// [`FusedRows::HostSync`] (opt-in) reads `expert_end[E-1]` back after the scan (**a host
+/// while the per-expert outputs report the full layout (see the module docs). Before capturing
+/// it in a CUDA graph, call [`crate::prewarm`] (or the op once) on the stream: the first call on
+/// a stream allocates and zero-fills the stream's small workspace (its ticket counter), which
+/// is not capturable.
+/// [`FusedRows::HostSync`] (opt-in) reads `expert_end[E-1]` back after the first launch (**a host
 /// synchronisation**) and scatters into maps of exactly `Σ_e A_e` rows (no trimming copies).
 ///
 /// **Index contract on the GPU**: an entry that is not `-1` or in `0..E` is read as `-1` (not
@@ -302,12 +305,13 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use cudarc::driver::PushKernelArg;
     use tk_core::error::DriverContext;
     use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
 
     use super::{FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams};
     use crate::gpu::{check_device, check_out, config, flat_entries, row_stride, HEADERS, THREADS};
+    use crate::workspace::zeroed_words;
 
     const CODE: &str = include_str!("../cuda/get_fused_mapping.cu");
 
@@ -323,13 +327,15 @@ mod gpu {
         };
     }
 
-    static COUNT: KernelSource = source!("tk_fused_count");
-    static SCAN: KernelSource = source!("tk_fused_scan");
+    static COUNT_SCAN: KernelSource = source!("tk_fused_count_scan");
     static SCATTER: KernelSource = source!("tk_fused_scatter");
 
-    /// The three kernels (count, scan, scatter) for `num_topk` slots and `num_experts` experts.
-    pub fn kernel_specs(num_topk: usize, num_experts: usize) -> [KernelSpec; 3] {
-        [&COUNT, &SCAN, &SCATTER].map(|s| {
+    /// Threads per block of `tk_fused_count_scan` (the kernel's `SCAN_THREADS`).
+    const SCAN_THREADS: u32 = 1024;
+
+    /// The two kernels (count and scan, scatter) for `num_topk` slots and `num_experts` experts.
+    pub fn kernel_specs(num_topk: usize, num_experts: usize) -> [KernelSpec; 2] {
+        [&COUNT_SCAN, &SCATTER].map(|s| {
             KernelSpec::new(s)
                 .define("TK_K", num_topk)
                 .define("TK_E", num_experts)
@@ -476,8 +482,8 @@ mod gpu {
         (chunk, flat.div_ceil(chunk).max(1))
     }
 
-    /// Launches the count and scan kernels; returns the `(B + 1, E)` scratch of chunk bases
-    /// and raw counts (the per-expert outputs are written).
+    /// Launches the count-and-scan kernel; returns the `(B + 1, E)` scratch of chunk bases and
+    /// raw counts (the per-expert outputs are written).
     fn count_and_scan(
         topk_idx: &DeviceView<'_, i64>,
         shape: &FusedMappingShape,
@@ -487,43 +493,39 @@ mod gpu {
         let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
         let (chunk, nb) = chunking(dev, t * k);
         let mut cnt = dev.alloc::<i32>(&[nb + 1, e])?;
-        let [count, scan, _] = kernel_specs(k, e);
-        let (count, scan) = (dev.function(&count)?, dev.function(&scan)?);
+        let [count_scan, _] = kernel_specs(k, e);
+        let count_scan = dev.function(&count_scan)?;
+        let ws = zeroed_words(dev, 1)?;
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
-        let (t64, l64, b64, a64) = (t as u64, chunk as u64, nb as u64, shape.alignment as i64);
+        let (t64, l64, a64) = (t as u64, chunk as u64, shape.alignment as i64);
         let cnt_addr = cnt.view_mut().address();
         let (es, ee, ntpe) = (
             out.expert_start.view_mut().address(),
             out.expert_end.view_mut().address(),
             out.num_tokens_per_expert.view_mut().address(),
         );
-        let mut l = dev.stream().launch_builder(&count);
+        let mut l = dev.stream().launch_builder(&count_scan);
         let flat = flat_entries(topk_idx);
         l.arg(&cnt_addr)
+            .arg(&ws)
             .arg(&idx)
             .arg(&ld)
             .arg(&t64)
             .arg(&l64)
-            .arg(&flat);
-        // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view
-        // (pairs with one 16-byte load only when `flat` says the entries are one aligned run)
-        // and writes cnt[b, 0..E] of the (B + 1, E) scratch.
-        unsafe { l.launch(config(nb as u32, THREADS)) }.ctx("launching tk_fused_count")?;
-        let mut l = dev.stream().launch_builder(&scan);
-        l.arg(&cnt_addr)
-            .arg(&b64)
+            .arg(&flat)
             .arg(&a64)
             .arg(&es)
             .arg(&ee)
             .arg(&ntpe);
-        let one = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: one block; thread e < E (<= 1024, validated) reads and writes cnt[0..=B, e]
-        // and writes the three checked (E,) outputs at e; the scratch is freed in stream order.
-        unsafe { l.launch(one) }.ctx("launching tk_fused_scan")?;
+        // SAFETY: block b reads topk_idx entries of flat index < T·K inside the validated view
+        // (pairs with one 16-byte load only when `flat` says the entries are one aligned run)
+        // and writes cnt[b, 0..E] of the (B + 1, E) scratch; the last block reads and writes
+        // cnt[0..=B, 0..E] and writes the three checked (E,) outputs at e < E (<= 1024,
+        // validated). The ticket (word 0 of the stream's workspace) is left zero; launches on
+        // this stream are ordered, so no other kernel uses it meanwhile. The scratch is freed
+        // in stream order.
+        unsafe { l.launch(config(nb as u32, SCAN_THREADS)) }
+            .ctx("launching tk_fused_count_scan")?;
         Ok(cnt)
     }
 
@@ -538,7 +540,7 @@ mod gpu {
         let dev = topk_idx.device();
         let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
         let (chunk, nb) = chunking(dev, t * k);
-        let f = dev.function(&kernel_specs(k, e)[2])?;
+        let f = dev.function(&kernel_specs(k, e)[1])?;
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
         let (t64, l64, m64) = (t as u64, chunk as u64, m as u64);
         let cnt_addr = cnt.view().address();

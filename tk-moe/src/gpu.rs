@@ -10,7 +10,8 @@ use tk_core::{DeviceView, Layout};
 /// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
 pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
 
-/// Threads per block of every kernel but `tk_fused_scan` and the one-thread-per-row kernels.
+/// Threads per block of every kernel but `tk_fused_count_scan`, the counting kernels and the
+/// one-thread-per-row kernels.
 pub(crate) const THREADS: u32 = 256;
 
 /// Threads per block of the one-thread-per-row kernels (`normalize_weight`,

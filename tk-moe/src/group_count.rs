@@ -49,22 +49,35 @@ impl GroupCountParams {
 pub use gpu::*;
 
 /// Launch plumbing shared by `group_count` and `aux_fi` (both count ids into `bins` counters
-/// with `moe.cuh`'s `cluster_histogram`).
+/// with `moe.cuh`'s `grid_histogram`).
 #[cfg(feature = "cuda")]
 pub(crate) mod count {
     use cudarc::driver::LaunchConfig;
-    use tk_core::{Result, TkError};
+    use tk_core::{Device, Result, TkError};
 
-    use crate::gpu::config;
+    use crate::gpu::{blocks, config};
+    use crate::workspace::zeroed_words;
 
-    /// CTAs of the counting cluster (the kernels' `CLUSTER`).
-    const CLUSTER: u32 = 8;
     /// Threads per CTA (the kernels' `COUNT_THREADS`).
-    const COUNT_THREADS: u32 = 1024;
+    const COUNT_THREADS: u32 = 256;
+    /// Pairs of entries each thread loads together (the kernels' `COUNT_PAIRS`).
+    const COUNT_PAIRS: usize = 4;
+    /// CTAs per SM at most (the CTAs loop over larger inputs).
+    const CTAS_PER_SM: u32 = 4;
 
-    /// The launch of a counting kernel: one thread-block cluster (its size is compiled in).
-    pub(crate) fn launch_config() -> LaunchConfig {
-        config(CLUSTER, COUNT_THREADS)
+    /// The launch of a counting kernel over `entries` index entries: one CTA per
+    /// `2·COUNT_PAIRS·COUNT_THREADS` entries (every load in flight at once), at most
+    /// `CTAS_PER_SM` per SM.
+    pub(crate) fn launch_config(dev: &Device, entries: usize) -> LaunchConfig {
+        let most = dev.props().sm_count.max(1) * CTAS_PER_SM;
+        let per_cta = 2 * COUNT_PAIRS * COUNT_THREADS as usize;
+        config(blocks(entries, per_cta).min(most), COUNT_THREADS)
+    }
+
+    /// The zeroed workspace of a counting kernel with `bins` bins on `dev`'s stream: a ticket
+    /// and `bins` counters (`crate::workspace`).
+    pub(crate) fn workspace(dev: &Device, bins: usize) -> Result<u64> {
+        zeroed_words(dev, 1 + bins)
     }
 
     /// The GPU limit on the bin count `bins` (the argument `arg`): `<= i32::MAX`.
@@ -79,15 +92,20 @@ pub(crate) mod count {
     }
 }
 
-/// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): one launch of one
-/// thread-block cluster of 8 CTAs × 1024 threads; each CTA counts a share of the entries into a
-/// shared-memory histogram, and after a cluster barrier each bin's total is summed from the 8
-/// histograms through distributed shared memory and written (zeros included: no memset). For
-/// `G > 8192` the CTAs split the bins in windows of 8192 instead. Exact and deterministic (no
-/// global atomics). Illegal entries are skipped (read as `-1`). No host sync.
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): one launch over the whole
+/// GPU (CTAs of 256 threads, each loading 4 pairs of entries per thread at once); each CTA
+/// counts its share of the entries into a shared-memory histogram and adds its non-zero bins to
+/// integer counters with global atomics (for `G > 8192`, every entry is one global atomic);
+/// the last CTA to finish writes every bin (zeros included) and resets the counters, which live
+/// in a per-stream zeroed workspace (no memset launch; see `prewarm` before graph capture).
+/// Exact and deterministic (integer sums). Illegal entries are skipped (read as `-1`). No host
+/// sync.
 ///
 /// GPU limit beyond [`GroupCountParams::validate`]: `G <= i32::MAX` ([`TkError::Param`] naming
-/// `num_groups`).
+/// `num_groups`). The stream's workspace holds `G + 1` counters (4 bytes each, rounded up to a
+/// power of two, at least 16 KiB), kept for later calls on that stream; it is allocated (and
+/// zero-filled) by the first call on the stream that needs it, which therefore must not be
+/// inside a CUDA graph capture ([`crate::prewarm`] prepares 4095 bins).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -95,7 +113,7 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
-    use super::count::{check_bins, launch_config};
+    use super::count::{check_bins, launch_config, workspace};
     use super::GroupCountParams;
     use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
 
@@ -148,10 +166,12 @@ mod gpu {
         check_out("out", out.layout(), &[params.num_groups])?;
         let f = dev.function(&kernel_spec(params.num_groups))?;
         let counts = out.address();
+        let ws = workspace(dev, params.num_groups)?;
         let (idx, ld) = (group_idx.address(), row_stride(group_idx.layout()));
         let (t64, k32, flat) = (t as u64, k as u32, flat_entries(group_idx));
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&counts)
+            .arg(&ws)
             .arg(&idx)
             .arg(&ld)
             .arg(&t64)
@@ -159,8 +179,10 @@ mod gpu {
             .arg(&flat);
         // SAFETY: the kernel reads group_idx[t, k] for t < T, k < K (the validated view; pairs
         // with one 16-byte load only when `flat` says the entries are one aligned run) and
-        // writes counts[g] for every 0 <= g < G (the checked (G,) output); T·K <= i32::MAX.
-        unsafe { l.launch(launch_config()) }.ctx("launching tk_group_count")?;
+        // writes counts[g] for every 0 <= g < G (the checked (G,) output); T·K <= i32::MAX. It
+        // updates words 0..=G of the stream's workspace (at least 1 + G words) and leaves them
+        // zero; launches on this stream are ordered, so no other kernel uses them meanwhile.
+        unsafe { l.launch(launch_config(dev, t * k)) }.ctx("launching tk_group_count")?;
         Ok(())
     }
 }

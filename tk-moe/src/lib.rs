@@ -117,6 +117,8 @@ pub mod reduce_fused;
 pub mod reference;
 #[cfg(feature = "cpu")]
 pub mod testing;
+#[cfg(feature = "cuda")]
+mod workspace;
 
 /// Every kernel specialisation this crate registers (representative shapes of every op), for
 /// compile checks (`tk compile-check`) and [`prewarm`].
@@ -136,11 +138,13 @@ pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
     .concat()
 }
 
-/// Compiles (or loads from the disk cache) every registered kernel on `dev`, e.g. before CUDA
-/// graph capture. Other shapes compile on first use.
+/// Compiles (or loads from the disk cache) every registered kernel on `dev`, and prepares the
+/// zeroed workspace of `dev`'s stream (enough for up to 4095 bins of `aux_fi` / `group_count`),
+/// e.g. before CUDA graph capture. Other shapes compile on first use.
 #[cfg(feature = "cuda")]
 pub fn prewarm(dev: &tk_core::Device) -> tk_core::Result<()> {
-    dev.prewarm(&registered_kernels())
+    dev.prewarm(&registered_kernels())?;
+    workspace::zeroed_words(dev, workspace::MIN_WORDS).map(|_| ())
 }
 
 pub use aux_fi::AuxFiParams;

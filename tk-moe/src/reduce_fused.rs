@@ -287,10 +287,13 @@ pub use gpu::*;
 /// sweeps the columns in batches of up to 8 16-byte loads per lane in flight whatever the
 /// number of legal slots (one legal slot: 8 column vectors; eight: one vector of each),
 /// accumulating with `__fmaf_rn` in slot order and storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
-/// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3).
+/// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3). Each warp also prefetches
+/// into L2 the positions and weights of the token one resident block per SM ahead, so that the
+/// warp's first (index) round is an L2 hit rather than a DRAM miss with no row data in flight.
 ///
 /// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
-/// is read as `-1` (the slot is skipped; its weight and `x_sf` are not read). No host sync.
+/// is read as `-1` (the slot is skipped; its `x_sf` is not read, its weight is read — it is in
+/// the validated `(T, K)` tensor — but unused). No host sync.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -510,6 +513,8 @@ mod gpu {
         let ttp = inputs.token_topk_to_pos.address();
         let ld_ttp = row_stride(inputs.token_topk_to_pos.layout());
         let (t, m) = (shape.num_tokens as u64, shape.num_rows as u64);
+        // The L2 prefetch distance: about one resident block per SM ahead (cuda/reduce_fused.cu).
+        let ahead = (dev.props().sm_count as usize * TOKENS_PER_BLOCK) as u64;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
             .arg(&x_addr)
@@ -523,8 +528,9 @@ mod gpu {
             .arg(&sf_addr)
             .arg(&t)
             .arg(&m)
-            .arg(&n);
-        // SAFETY: validation bounds every access: x rows p < M only (other entries are skipped
+            .arg(&n)
+            .arg(&ahead);
+        // SAFETY: validation bounds every access (the L2 prefetches too: token rows < T): x rows p < M only (other entries are skipped
         // by the kernel), x_sf[p] for the same p, weights and the map (T, K), sf[0], out (T, H)
         // contiguous; absent tensors (null) are never read (their specialisation flag is 0); the
         // access width divides every address, pitch and row length; the buffers outlive the

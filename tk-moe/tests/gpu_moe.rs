@@ -769,6 +769,11 @@ fn gpu_get_fused_mapping_off_grid() {
         1024,
         128,
     );
+    // Chunks longer than one register round of the scatter (a warp's eighth of a chunk over
+    // 256 entries: T·K above ~270k on 132 SMs): 40000 x 8 random ids in -1..32.
+    let mut rng = Rng::for_case("gpu mapping long chunks");
+    let long = HostTensor::from_fn(&[40_000, 8], |_| rng.below(33) as i64 - 1);
+    check_mapping_gpu(&dev, "mapping 40000 x 8", &long, 32, 128);
     let idx = topk_idx_for(
         "gpu mapping strided",
         &MoeParams {
@@ -1130,6 +1135,53 @@ fn gpu_reduce_fused_and_aux_fi_are_deterministic() {
             &format!("aux_fi run {run}"),
             f.to_host().unwrap().as_slice(),
             first_f.as_slice(),
+        );
+    }
+}
+
+/// `aux_fi`, `group_count` and `get_fused_mapping` finish in their last CTA with counters in
+/// one zeroed workspace per stream, which each launch must leave zero: interleaved on one fresh
+/// stream, with the workspace grown in between (10000 bins), every result stays bit-exact.
+#[test]
+fn gpu_counting_ops_share_the_stream_workspace() {
+    let Some(dev) = gpu_or_skip("gpu_counting_ops_share_the_stream_workspace") else {
+        return;
+    };
+    let dev = dev.with_new_stream().unwrap();
+    let p = MoeParams {
+        num_send_tokens: 700,
+        num_topk: 8,
+        num_experts: 32,
+        num_ep_ranks: 8,
+    };
+    let idx = topk_idx_for("gpu workspace", &p);
+    let di = up(&dev, &idx);
+    for (round, e) in [32usize, 10_000, 32, 32].into_iter().enumerate() {
+        let clean = sanitize_indices(&idx.view(), e);
+        let params = tk_moe::GroupCountParams::new(e);
+        assert_bits_eq(
+            &format!("group_count round {round} ({e} bins)"),
+            tk_moe::group_count(&di.view(), &params)
+                .unwrap()
+                .to_host()
+                .unwrap()
+                .as_slice(),
+            reference::group_count(&clean.view(), &params)
+                .unwrap()
+                .as_slice(),
+        );
+        check_mapping_gpu(&dev, &format!("workspace round {round}"), &idx, 32, 128);
+        let params = tk_moe::AuxFiParams::new(e, 8);
+        assert_bits_eq(
+            &format!("aux_fi round {round} ({e} experts)"),
+            tk_moe::aux_fi(&di.view(), &params)
+                .unwrap()
+                .to_host()
+                .unwrap()
+                .as_slice(),
+            reference::aux_fi(&clean.view(), &params)
+                .unwrap()
+                .as_slice(),
         );
     }
 }
