@@ -99,7 +99,10 @@ fn main() -> Result<()> {
     let Some(mut b) = Bench::from_args()? else {
         return Ok(());
     };
-    b.report_compile_times(&tk_transpose::batched_transpose::kernel_spec(2, true))?;
+    b.report_compile_times(&tk_transpose::batched_transpose::kernel_spec(
+        2,
+        Some(tk_transpose::batched_transpose::Tiling::new(2, 128)),
+    ))?;
     bench_dtype::<F8E4M3>(&mut b, "e4m3", false)?;
     bench_dtype::<bf16>(&mut b, "bf16", false)?;
     bench_dtype::<F8E4M3>(&mut b, "e4m3", true)?;
