@@ -157,7 +157,9 @@ const OFF_GRID_3D: &[(usize, usize, usize, usize)] = &[
     (3, 5, 7, 5),
     (2, 64, 64, 67),
     (4, 32, 48, 32),
-    (70_000, 2, 16, 2), // more batches than one grid dimension holds
+    (70_000, 2, 16, 2),    // more batches than one grid dimension holds
+    (70_000, 16, 16, 16),  // the same on the staged-tile path
+    (1, 1024, 2048, 1024), // staged path, 64-byte tiles for fp32, 32-byte for e4m3 and bf16
     (1, 1, 1, 1),
     (0, 4, 4, 4),
     (5, 128, 64, 130),
@@ -188,6 +190,19 @@ fn gpu_transpose_off_grid() {
     off_grid_3d::<F8E4M3>(&dev, "e4m3");
     off_grid_3d::<bf16>(&dev, "bf16");
     off_grid_3d::<f32>(&dev, "fp32");
+}
+
+/// More tiles along y than one grid dimension holds (staged-tile path: 128 columns a tile, so
+/// more than 65535 · 128 columns); e4m3 only, as the grid loop does not depend on the dtype.
+#[test]
+fn gpu_transpose_grid_y_loop() {
+    let Some(dev) = gpu_or_skip("gpu_transpose_grid_y_loop") else {
+        return;
+    };
+    let (x, y) = (16, 65_538 * 128 + 16);
+    let case = format!("transpose X={x} Y={y} e4m3 (grid y loops)");
+    let buf = par_random_bits::<F8E4M3>(&[x, y], case_seed(&case));
+    check_on_gpu(&dev, &case, &buf, &buf.view());
 }
 
 #[test]
