@@ -113,6 +113,7 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::{geometry, Geometry};
+    use cudarc::driver::sys::CUfunction_attribute;
     use cudarc::driver::{LaunchConfig, PushKernelArg};
     use tk_core::error::DriverContext;
     use tk_core::{
@@ -289,6 +290,15 @@ mod gpu {
             (generic_config(&g), None)
         };
         let f = dev.function(&kernel_spec(e, tiling))?;
+        if tiling.is_some() {
+            // 6 blocks × (16 KB + 1 KB reserved) need the 132 KB shared-memory configuration;
+            // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
+        }
         let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
             g.x as u32,
