@@ -132,7 +132,9 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
             __syncthreads();                                     // and every other thread's
             // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
             // rows of an in-range output vector, and the unit holding an in-range word, are in range.
-#pragma unroll
+            // One band's task at a time for 1-byte elements: its 16 words and 16 output words
+            // already fill the register budget, and interleaving two bands' tasks spills.
+#pragma unroll(E == 1 ? 1 : BANDS)
             for (u32 c = 0; c < BANDS; ++c) {
                 if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
                     // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
