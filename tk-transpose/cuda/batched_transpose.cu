@@ -1,15 +1,24 @@
 // Batched transpose: out[b, j, i] = in[b, i, j], a pure bit copy of 1-, 2- or 4-byte elements.
 //
 // Compile-time constants (defines):
-//   TK_ELEM_BYTES  1, 2 or 4
-//   TK_VEC         1: register-transpose path (needs 16-byte aligned rows, X and Y multiples of
-//                     V = 16 / TK_ELEM_BYTES); 0: generic shared-memory path, any sizes/strides.
-//   TK_LANES_Y, TK_CHUNKS   (vector path) warp shape and chunks per thread, see below.
+//   TK_ELEM_BYTES  1, 2 or 4 (E below)
+//   TK_VEC         1: staged-tile path (needs 16-byte aligned rows, X and Y multiples of
+//                     V = 16 / E); 0: generic shared-memory path, any sizes and strides.
+//   TK_TILE_X      (staged path) input rows per tile; TK_TILE_X * E is 32, 64 or 128 bytes.
+//   TK_BANDS       (staged path) 128-byte column bands per tile (1, 2 or 4).
 //
-// Vector path: each thread owns TK_CHUNKS V x V chunks. It loads V input rows of 16 bytes per
-// chunk, transposes each chunk in registers with byte permutes, and stores V output rows of
-// 16 bytes. Every warp access covers whole 32-byte sectors (at least 64 contiguous bytes per
-// row). No shared memory; TK_CHUNKS * V independent 16-byte loads in flight per thread.
+// Staged path: a block of NT = 2 * TK_TILE_X * E threads moves one tile of TK_TILE_X input rows
+// x TK_BANDS * 128 bytes through shared memory in two steps:
+//   1. load: each thread copies 4 / E 16-byte vectors per band straight from global to shared
+//      memory (cp.async, no registers); a warp reads 4 input rows x 128 contiguous bytes per
+//      instruction;
+//   2. store: each thread owns one task per band: W = 4 / E output rows x one 16-byte output
+//      vector (V consecutive x). It reads V 4-byte words (one per input row, same column),
+//      transposes the V x W elements with byte permutes and writes W 16-byte vectors; a warp
+//      writes 32 / LX output rows x LX * 16 contiguous bytes per instruction.
+// The 16-byte units of each shared row are XOR-swizzled (`swz`) so that the 16-byte writes of
+// step 1 and the 4-byte reads of step 2 are both free of bank conflicts. At most 40 registers:
+// 48 warps per SM resident (6 blocks of 256 threads).
 #include "tk/common.cuh"
 
 #ifndef TK_ELEM_BYTES
@@ -24,93 +33,117 @@ using tk::u64;
 typedef tk::uint_of_size<TK_ELEM_BYTES>::type elem_t;
 
 #if TK_VEC
-constexpr int V = 16 / TK_ELEM_BYTES;  // elements per 16-byte vector = chunk edge
+#ifndef TK_TILE_X
+#error "TK_TILE_X (input rows per tile) must be defined for the staged path"
+#endif
+#ifndef TK_BANDS
+#error "TK_BANDS (128-byte column bands per tile) must be defined for the staged path"
+#endif
 
-// Transposes a V x V chunk held as V rows of 4 words each: out row j = column j of `r`.
-__device__ __forceinline__ void transpose_chunk(const uint4 (&r)[V], uint4 (&o)[V]) {
-    const u32* rw = reinterpret_cast<const u32*>(r);  // (V rows, 4 words)
-    u32* ow = reinterpret_cast<u32*>(o);              // (V rows, 4 words)
+constexpr u32 E = TK_ELEM_BYTES;
+constexpr u32 V = 16 / E;           // elements per 16-byte vector
+constexpr u32 W = 4 / E;            // elements per 4-byte word = output rows per task
+constexpr u32 TX = TK_TILE_X;       // tile rows (x)
+constexpr u32 BANDS = TK_BANDS;     // 128-byte column bands per tile
+constexpr u32 BY = 128 / E;         // band width (elements along y)
+constexpr u32 LX = TX / V;          // output vectors per tile row = lanes of a warp along x
+constexpr u32 NT = 32 * LX;         // threads per block = tasks per band (32 words x LX vectors)
+constexpr u32 LOADS = 8 * TX / NT;  // 16-byte input vectors per thread and band (= 4 / E)
+constexpr u32 MIN_BLOCKS = 1536 / NT;  // resident blocks per SM the register budget must allow
+static_assert(TX * E == 32 || TX * E == 64 || TX * E == 128, "tile rows must be 32, 64 or 128 bytes");
+static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
+
+// Swizzle of the 16-byte units of shared row r: unit u is stored at u ^ swz(r). The V rows of
+// an output vector (r / V) share a value; the LX output vectors of a tile get distinct multiples
+// of 8 / LX, which with the 8 / LX units that one warp's 32 / LX word columns span give 8
+// distinct units (x 4 words = 32 banks) for every 4-byte read of step 2. Step 1 writes the 8
+// units of a row with 8 consecutive lanes: a permutation of the 8 units, also conflict-free.
+__device__ __forceinline__ u32 swz(u32 r) { return (r / V) * (8 / LX); }
+
+// Copies 16 bytes from global to shared memory without passing through registers (cp.async,
+// L1 bypassed); complete for the issuing thread after `cp.async.wait_all`.
+__device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// One 16-byte global store. Spelled out because NVVM splits a plain uint4 store of values it
+// can trace to shared-memory loads into four 4-byte stores (seen for 2- and 4-byte elements).
+// `out` is never read by this kernel, so no memory clobber is needed.
+__device__ __forceinline__ void store16(elem_t* gmem, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+// Output row j (0 <= j < W) of a task from its V words (word i: input row i of the task, W
+// elements along y): element i of the result is element j of word i.
+__device__ __forceinline__ uint4 transpose_words(const u32 (&w)[V], u32 j) {
 #if TK_ELEM_BYTES == 4
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ow[j * 4 + i] = rw[i * 4 + j];
+    return make_uint4(w[0], w[1], w[2], w[3]);
 #elif TK_ELEM_BYTES == 2
-    // out row j, word w = (r[2w][j], r[2w+1][j]); element j of a row is half j%2 of word j/2.
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-            ow[j * 4 + w] = __byte_perm(rw[(2 * w) * 4 + j / 2], rw[(2 * w + 1) * 4 + j / 2], (j % 2) ? 0x7632 : 0x5410);
+    const u32 sel = j ? 0x7632 : 0x5410;  // high or low halves of (a, b)
+    return make_uint4(__byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel),
+                      __byte_perm(w[4], w[5], sel), __byte_perm(w[6], w[7], sel));
 #else
-    // out row j, word w = bytes (r[4w][j], r[4w+1][j], r[4w+2][j], r[4w+3][j]).
+    // Word m of the result = byte j of words 4m .. 4m+3, by a 4 x 4 byte transpose in two
+    // rounds: interleave bytes j & 2 and (j & 2) + 1 of (a, b) and of (c, d), then take the low
+    // or high half of each (j & 1). The first round is shared by j and j ^ 1 once unrolled.
+    const u32 s1 = (j & 2) ? 0x7362 : 0x5140, s2 = (j & 1) ? 0x7632 : 0x5410;
+    u32 o[4];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const u32 b = j % 4;                  // byte within the source word
-        const u32 sel = b | ((b + 4) << 4);   // byte b of a -> byte 0, byte b of c -> byte 1
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const u32 lo = __byte_perm(rw[(4 * w + 0) * 4 + j / 4], rw[(4 * w + 1) * 4 + j / 4], sel);
-            const u32 hi = __byte_perm(rw[(4 * w + 2) * 4 + j / 4], rw[(4 * w + 3) * 4 + j / 4], sel);
-            ow[j * 4 + w] = __byte_perm(lo, hi, 0x5410);
-        }
-    }
+    for (int m = 0; m < 4; ++m)
+        o[m] = __byte_perm(__byte_perm(w[4 * m], w[4 * m + 1], s1), __byte_perm(w[4 * m + 2], w[4 * m + 3], s1), s2);
+    return make_uint4(o[0], o[1], o[2], o[3]);
 #endif
 }
 
-#ifndef TK_LANES_Y
-#error "TK_LANES_Y (lanes of a warp along y-chunks) must be defined for the vector path"
-#endif
-#ifndef TK_CHUNKS
-#error "TK_CHUNKS (chunks per thread along x) must be defined for the vector path"
-#endif
-
-constexpr u32 LY = TK_LANES_Y, LX = 32 / TK_LANES_Y;  // warp shape: LY lanes along y, LX along x
-
 // out: (B, Y, X) contiguous; in: (B, X, Y) with row stride `ld` and batch stride `bs` (elements).
-// Block: 1-D, 32 * warps_y * warps_x threads; the warps form a warps_y x warps_x grid and each
-// thread handles TK_CHUNKS chunks along x, so one block tile is
-// (TK_CHUNKS * LX * warps_x) x (LY * warps_y) chunks. A load instruction of a warp reads LX
-// input rows x LY * 16 contiguous bytes, a store writes LY output rows x LX * 16 bytes.
-// Grid: x -> tiles along x (consecutive blocks write adjacent pieces of the same output rows),
-// y -> tiles along y, z -> batch; every dimension loops, so any size fits the grid limits.
-extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
-                                                                       const elem_t* __restrict__ in,
-                                                                       u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs, u32 warps_y) {
-    const u32 ncx = X / V, ncy = Y / V;  // chunks along x (input rows) and y (input columns)
-    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const u32 warps_x = blockDim.x / 32 / warps_y;
-    const u32 step_cx = LX * warps_x;                                  // x-chunks per chunk set
-    const u32 tile_cy = LY * warps_y, tile_cx = TK_CHUNKS * step_cx;  // tile size in chunks
-    const u32 oy = (warp % warps_y) * LY + lane % LY, ox = (warp / warps_y) * LX + lane / LY;  // chunk in tile
+// Grid: x -> tiles along x, exactly ceil(X / TX) of them (consecutive blocks write adjacent
+// pieces of the same output rows); y -> tiles along y and z -> batch, both looping, so any size
+// fits the grid limits.
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpose(elem_t* __restrict__ out,
+                                                                                const elem_t* __restrict__ in,
+                                                                                u32 batches, u32 X, u32 Y,
+                                                                                u64 ld, u64 bs) {
+    __shared__ uint4 tile[BANDS][TX][8];  // (band, tile row, swizzled 16-byte unit along y)
+    const u32 t = threadIdx.x;
+    const u32 lr = t / 8, lu = t % 8;    // step 1: first tile row and the unit of this thread
+    const u32 vx = t % LX, wy = t / LX;  // step 2: output vector and word column (0..31) of the task
+    const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // step 2: swizzled unit, word in it
+    const u32 x0 = blockIdx.x * TX;                         // tile origin along x (< X)
+    // Tiles along y; X - x0 and Y - y0 bound the offsets below, so nothing overflows for any
+    // X, Y < 2^32.
+    const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
         elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
-        for (u32 ty = blockIdx.y; ty * tile_cy < ncy; ty += gridDim.y) {
-            const u32 cy = ty * tile_cy + oy;
-            for (u32 tx = blockIdx.x; tx * tile_cx < ncx; tx += gridDim.x) {
-                if (cy >= ncy) continue;
-                uint4 r[TK_CHUNKS][V];  // per chunk: (V input rows, V elements)
+        for (u32 ty = blockIdx.y; ty < nty; ty += gridDim.y) {
+            const u32 y0 = ty * BANDS * BY;  // tile origin along y
+            __syncthreads();                 // the previous tile's reads of shared memory are done
+            // This thread's first vector; the others are NT / 8 rows and whole bands further on.
+            const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
 #pragma unroll
-                for (int k = 0; k < TK_CHUNKS; ++k) {
-                    const u32 cx = tx * tile_cx + k * step_cx + ox;
-                    if (cx < ncx) {
+            for (u32 c = 0; c < BANDS; ++c)
 #pragma unroll
-                        for (int i = 0; i < V; ++i)
-                            r[k][i] = __ldg(reinterpret_cast<const uint4*>(src + (u64)(cx * V + i) * ld + (u64)cy * V));
-                    }
+                for (u32 k = 0; k < LOADS; ++k) {
+                    const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
+                    if (r < X - x0 && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY);
                 }
+            asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
+            __syncthreads();                                     // and every other thread's
+            // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
+            // rows of an in-range output vector, and the unit holding an in-range word, are in range.
+            // One band's task at a time for 1-byte elements: its 16 words and 16 output words
+            // already fill the register budget, and interleaving two bands' tasks spills.
+#pragma unroll(E == 1 ? 1 : BANDS)
+            for (u32 c = 0; c < BANDS; ++c) {
+                if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
+                    // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
+                    elem_t* q = dst + (u64)(y0 + c * BY + wy * W) * X + x0 + vx * V;
+                    u32 w[V];  // (V input rows, W elements along y)
 #pragma unroll
-                for (int k = 0; k < TK_CHUNKS; ++k) {
-                    const u32 cx = tx * tile_cx + k * step_cx + ox;
-                    if (cx < ncx) {
-                        uint4 o[V];  // (V output rows, V elements): rows cy*V.., columns cx*V..
-                        transpose_chunk(r[k], o);
+                    for (u32 i = 0; i < V; ++i) w[i] = reinterpret_cast<const u32*>(&tile[c][vx * V + i][su])[sw];
 #pragma unroll
-                        for (int j = 0; j < V; ++j)
-                            *reinterpret_cast<uint4*>(dst + (u64)(cy * V + j) * X + (u64)cx * V) = o[j];
-                    }
+                    for (u32 j = 0; j < W; ++j) store16(q + j * (u64)X, transpose_words(w, j));
                 }
             }
         }
@@ -121,11 +154,11 @@ extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* _
 
 constexpr int T = 32;  // tile edge (elements); 32 x 8 threads, each moves 4 elements per phase
 
-// Same arguments as the vector path; any X, Y, ld, bs and only element alignment.
+// Same arguments as the staged path; any X, Y, ld, bs and only element alignment.
 extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
                                                                        const elem_t* __restrict__ in,
                                                                        u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs, u32 /*warps_y*/) {
+                                                                       u64 ld, u64 bs) {
     __shared__ elem_t tile[T][T + 1];  // (x in tile, y in tile), padded against bank conflicts
     const u32 ntx = (X + T - 1) / T, nty = (Y + T - 1) / T;
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {

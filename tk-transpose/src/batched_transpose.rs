@@ -19,10 +19,14 @@
 //! Packed types (FP4 pairs, E5M6 bytes, packed UE8M0 words) and 8-byte types are rejected with
 //! [`TkError::Dtype`], because transposing their storage units is not a logical transpose.
 //!
-//! Kernels: when the rows are 16-byte aligned and `X`, `Y` are multiples of `16 / size`, each
-//! thread transposes a 16-byte × 16-byte chunk in registers (16-byte loads and stores, no shared
-//! memory); otherwise a shared-memory tile kernel handles any shape. The op never synchronises
-//! with the host and is safe to capture in a CUDA graph (after [`prewarm`]).
+//! Kernels: when the rows are 16-byte aligned and `X`, `Y` are multiples of `16 / size`, a block
+//! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
+//! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
+//! from the shape so that small problems still give every SM several blocks); otherwise a
+//! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
+//! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
+//! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
+//! [`prewarm`]).
 
 use tk_core::{DType, Layout, Result, TkError};
 
@@ -111,6 +115,7 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::{geometry, Geometry};
+    use cudarc::driver::sys::CUfunction_attribute;
     use cudarc::driver::{LaunchConfig, PushKernelArg};
     use tk_core::error::DriverContext;
     use tk_core::{
@@ -152,16 +157,73 @@ mod gpu {
         s
     }
 
-    /// The kernel specialisation for element size `elem_bytes` and path (`vec`: register path).
-    pub fn kernel_spec(elem_bytes: usize, vec: bool) -> KernelSpec {
+    /// Tiling of the staged-tile kernel (`TK_VEC=1`): a tile is `rows` input rows (x) ×
+    /// `bands` × 128 bytes (y); a block has `2 · rows · size` threads.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Tiling {
+        /// Input rows per tile (elements along x): 32, 64 or 128 bytes' worth.
+        pub rows: usize,
+        /// 128-byte column bands per tile (y).
+        pub bands: usize,
+    }
+
+    impl Tiling {
+        /// Tile heights in bytes of x the kernel supports (one output row piece per tile).
+        pub const ROW_BYTES: [usize; 3] = [128, 64, 32];
+
+        /// Largest tile (bytes of shared memory per block) a supported tiling may have: 6
+        /// blocks of it still fit in an SM's 228 KB.
+        pub const MAX_TILE_BYTES: usize = 32 << 10;
+
+        /// The tiling for `elem_bytes`-byte elements with `row_bytes` bytes of x per tile:
+        /// `elem_bytes` bands, so every thread loads and stores 64 bytes per tile whatever the
+        /// element size (4 16-byte vectors in flight per thread in both steps).
+        pub fn new(elem_bytes: usize, row_bytes: usize) -> Self {
+            Tiling {
+                rows: row_bytes / elem_bytes,
+                bands: elem_bytes,
+            }
+        }
+
+        /// Every tiling the staged kernel supports for `elem_bytes`-byte elements: the heights of
+        /// [`Self::ROW_BYTES`] × 1, 2 or 4 bands, at most [`Self::MAX_TILE_BYTES`] per tile.
+        pub fn supported(elem_bytes: usize) -> impl Iterator<Item = Tiling> {
+            Self::ROW_BYTES.into_iter().flat_map(move |rb| {
+                [1, 2, 4]
+                    .into_iter()
+                    .map(move |bands| Tiling {
+                        rows: rb / elem_bytes,
+                        bands,
+                    })
+                    .filter(move |t| t.tile_bytes() <= Self::MAX_TILE_BYTES)
+            })
+        }
+
+        /// Shared memory of one tile (bytes).
+        pub fn tile_bytes(&self) -> usize {
+            self.rows * self.bands * 128
+        }
+
+        /// Threads per block: one per (word column, output vector) of a band.
+        pub fn threads(&self, elem_bytes: usize) -> usize {
+            2 * self.rows * elem_bytes
+        }
+
+        /// Elements along y of one tile.
+        pub fn cols(&self, elem_bytes: usize) -> usize {
+            self.bands * 128 / elem_bytes
+        }
+    }
+
+    /// The kernel specialisation for element size `elem_bytes`: the staged-tile path with
+    /// `tiling`, or the generic path for `None`.
+    pub fn kernel_spec(elem_bytes: usize, tiling: Option<Tiling>) -> KernelSpec {
         let spec = KernelSpec::new(&SOURCE)
             .define("TK_ELEM_BYTES", elem_bytes)
-            .define("TK_VEC", vec as u8);
-        if vec {
-            let (ly, chunks) = vec_tiling(elem_bytes);
-            spec.define("TK_LANES_Y", ly).define("TK_CHUNKS", chunks)
-        } else {
-            spec
+            .define("TK_VEC", tiling.is_some() as u8);
+        match tiling {
+            Some(t) => spec.define("TK_TILE_X", t.rows).define("TK_BANDS", t.bands),
+            None => spec,
         }
     }
 
@@ -169,7 +231,11 @@ mod gpu {
     pub fn registered_kernels() -> Vec<KernelSpec> {
         [1, 2, 4]
             .into_iter()
-            .flat_map(|e| [kernel_spec(e, true), kernel_spec(e, false)])
+            .flat_map(|e| {
+                Tiling::supported(e)
+                    .map(move |t| kernel_spec(e, Some(t)))
+                    .chain([kernel_spec(e, None)])
+            })
             .collect()
     }
 
@@ -191,7 +257,7 @@ mod gpu {
         x: &DeviceView<'_, T>,
         out: &mut DeviceViewMut<'_, T>,
     ) -> Result<()> {
-        launch(x, out, 3)
+        launch(x, out, 3, None)
     }
 
     /// Transposes a 2-D `x` `(X, Y)` into a new contiguous `(Y, X)`.
@@ -204,21 +270,47 @@ mod gpu {
         x: &DeviceView<'_, T>,
         out: &mut DeviceViewMut<'_, T>,
     ) -> Result<()> {
-        launch(x, out, 2)
+        launch(x, out, 2, None)
+    }
+
+    /// [`transpose_into`] with an explicit tiling of the staged-tile kernel instead of the one
+    /// picked from the shape: for benchmarks and tuning (`benches/transpose.rs` compares them).
+    ///
+    /// Errors: [`TkError::Param`] naming `tiling` if it is not one of [`Tiling::supported`] for
+    /// `T`, or if `x` and `out` do not qualify for the staged kernel (16-byte aligned rows, `X`
+    /// and `Y` multiples of `16 / size_of::<T>()`); otherwise as [`transpose_into`].
+    pub fn transpose_into_tiled<T: Element>(
+        x: &DeviceView<'_, T>,
+        out: &mut DeviceViewMut<'_, T>,
+        tiling: Tiling,
+    ) -> Result<()> {
+        launch(x, out, 2, Some(tiling))
+    }
+
+    /// [`batched_transpose_into`] with an explicit tiling; see [`transpose_into_tiled`].
+    pub fn batched_transpose_into_tiled<T: Element>(
+        x: &DeviceView<'_, T>,
+        out: &mut DeviceViewMut<'_, T>,
+        tiling: Tiling,
+    ) -> Result<()> {
+        launch(x, out, 3, Some(tiling))
     }
 
     /// Validates `x` (before allocating), allocates the contiguous output and launches.
     fn alloc_and_launch<T: Element>(x: &DeviceView<'_, T>, rank: usize) -> Result<DeviceTensor<T>> {
         geometry(T::DTYPE, x.layout(), rank)?;
         let mut out = x.device().alloc::<T>(&out_shape(x.layout()))?;
-        launch(x, &mut out.view_mut(), rank)?;
+        launch(x, &mut out.view_mut(), rank, None)?;
         Ok(out)
     }
 
+    /// Launches on validated arguments: the staged kernel where `x` and `out` allow it, with
+    /// `forced` or else the tiling picked from the shape; else the generic kernel.
     fn launch<T: Element>(
         x: &DeviceView<'_, T>,
         out: &mut DeviceViewMut<'_, T>,
         rank: usize,
+        forced: Option<Tiling>,
     ) -> Result<()> {
         let g = geometry(T::DTYPE, x.layout(), rank)?;
         check_out(out.layout(), &out_shape(x.layout()))?;
@@ -241,12 +333,37 @@ mod gpu {
             && g.y % v == 0
             && g.ld % v == 0
             && (g.batches == 1 || g.bs % v == 0);
-        let (cfg, warps_y) = if vec {
-            vec_config(&g, v, dev.props().sm_count as usize)
+        if let Some(t) = forced {
+            if !Tiling::supported(e).any(|s| s == t) {
+                return Err(TkError::param(
+                    "tiling",
+                    format!("{t:?} is not supported for {e}-byte elements"),
+                ));
+            }
+            if !vec {
+                return Err(TkError::param(
+                    "tiling",
+                    "x and out do not qualify for the staged-tile kernel (16-byte aligned rows, \
+                     X and Y multiples of 16 bytes)",
+                ));
+            }
+        }
+        let (cfg, tiling) = if vec {
+            let t = forced.unwrap_or_else(|| pick_tiling(&g, e, dev.props().sm_count as usize));
+            (tile_config(&g, e, t), Some(t))
         } else {
-            (generic_config(&g), 1)
+            (generic_config(&g), None)
         };
-        let f = dev.function(&kernel_spec(e, vec))?;
+        let f = dev.function(&kernel_spec(e, tiling))?;
+        if tiling.is_some() {
+            // 6 blocks × (16 or 32 KB + 1 KB reserved) need the 132 or 228 KB configuration;
+            // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
+        }
         let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
             g.x as u32,
@@ -261,55 +378,47 @@ mod gpu {
             .arg(&xs)
             .arg(&ys)
             .arg(&ld)
-            .arg(&bs)
-            .arg(&warps_y);
+            .arg(&bs);
         // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
         // x's and out's buffers (views are bounds-checked at creation; the kernel reads
-        // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only), the vector path is
-        // taken only with 16-byte aligned rows, and both buffers outlive the stream-ordered launch.
+        // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only, the staged path's
+        // bounds checks relying on its grid x being exactly its tile count along x, as
+        // tile_config() sets it), the staged path is taken only with 16-byte aligned rows, and
+        // both buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
         Ok(())
     }
 
-    /// Tiling of the register path for an element size: `(lanes of a warp along y, chunks per
-    /// thread along x)`. Measured on an H200 (see the bench): 1-byte elements do best with 4 × 8
-    /// warps and one 16 × 16 chunk per thread (two would need 128 data registers); 2- and 4-byte
-    /// elements with 8 × 4 warps and two chunks per thread.
-    pub(crate) fn vec_tiling(elem_bytes: usize) -> (usize, usize) {
-        if elem_bytes == 1 {
-            (4, 1)
-        } else {
-            (8, 2)
-        }
+    /// The staged-tile path's tiling for `e`-byte elements on a device with `sms` SMs: the
+    /// tallest tile (128, 64, then 32 bytes of x) that still gives every SM at least 4 blocks
+    /// (else the smallest), so small problems spread over the whole device while large ones keep
+    /// 128-byte output row pieces; `e` bands, so every thread moves 64 bytes.
+    fn pick_tiling(g: &Geometry, e: usize, sms: usize) -> Tiling {
+        Tiling::ROW_BYTES
+            .into_iter()
+            .map(|rb| Tiling::new(e, rb))
+            .find(|t| {
+                let (nx, ny) = tile_counts(g, e, t);
+                nx * ny * g.batches >= 4 * sms
+            })
+            .unwrap_or(Tiling::new(e, Tiling::ROW_BYTES[2]))
     }
 
-    /// Launch shape of the register path: `(config, warps_y)`. Blocks of 8 warps (4 along y), or
-    /// 2 warps when the problem would not fill the device twice over; `warps_y` shrinks where that
-    /// wastes fewer lanes at the right edge.
-    fn vec_config(g: &Geometry, v: usize, sms: usize) -> (LaunchConfig, u32) {
-        let (ly, chunks) = vec_tiling(16 / v);
-        let lx = 32 / ly;
-        let (ncx, ncy) = (g.x / v, g.y / v);
-        let warps = if ncx * ncy * g.batches < 2 * sms * 256 * chunks {
-            2
-        } else {
-            8
-        };
-        let warps_y = [4usize.min(warps), 2, 1]
-            .into_iter()
-            .min_by_key(|&w| ncy.div_ceil(ly * w) * ly * w - ncy)
-            .unwrap_or(1);
-        let warps_x = warps / warps_y;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                ncx.div_ceil(lx * warps_x * chunks).min(i32::MAX as usize) as u32,
-                ncy.div_ceil(ly * warps_y).min(65535) as u32,
-                g.batches.min(65535) as u32,
-            ),
-            block_dim: (32 * warps as u32, 1, 1),
+    /// Tiles along x and y.
+    fn tile_counts(g: &Geometry, e: usize, t: &Tiling) -> (usize, usize) {
+        (g.x.div_ceil(t.rows), g.y.div_ceil(t.cols(e)))
+    }
+
+    /// Launch shape of the staged-tile path. Blocks walk along x first (grid x: exactly one block
+    /// per tile along x, which the kernel relies on; at most 2^29 since `X < 2^32` and a tile has
+    /// at least 8 rows), then y, then the batch (both loop in the kernel beyond the grid limits).
+    fn tile_config(g: &Geometry, e: usize, t: Tiling) -> LaunchConfig {
+        let (nx, ny) = tile_counts(g, e, &t);
+        LaunchConfig {
+            grid_dim: (nx as u32, ny.min(65535) as u32, g.batches.min(65535) as u32),
+            block_dim: (t.threads(e) as u32, 1, 1),
             shared_mem_bytes: 0,
-        };
-        (cfg, warps_y as u32)
+        }
     }
 
     /// Launch shape of the shared-memory path: one 32 × 32 tile per block of 32 × 8 threads.
@@ -347,7 +456,7 @@ mod gpu {
         }
 
         #[test]
-        fn tiling_covers_every_chunk() {
+        fn tiling_covers_every_tile() {
             for e in [1usize, 2, 4] {
                 let v = 16 / e;
                 for (x, y, b) in [
@@ -356,6 +465,7 @@ mod gpu {
                     (4032, 576, 1),
                     (8064, 7168, 8),
                     (2_200_000, 4, 1),
+                    (16, 70_000 * 16, 1),
                 ] {
                     if x % v != 0 || y % v != 0 {
                         continue;
@@ -367,19 +477,54 @@ mod gpu {
                         ld: y,
                         bs: x * y,
                     };
-                    let (cfg, warps_y) = vec_config(&g, v, 132);
-                    let (ly, chunks) = vec_tiling(e);
-                    let warps = cfg.block_dim.0 as usize / 32;
-                    let warps_x = warps / warps_y as usize;
-                    assert_eq!(warps % warps_y as usize, 0);
-                    // Grid-stride loops cover what one grid cannot: at least one block per axis.
-                    assert!(cfg.grid_dim.0 >= 1 && cfg.grid_dim.1 >= 1 && cfg.grid_dim.2 >= 1);
-                    let tiles_x = (x / v).div_ceil(32 / ly * warps_x * chunks);
-                    let tiles_y = (y / v).div_ceil(ly * warps_y as usize);
-                    assert_eq!(cfg.grid_dim.0 as usize, tiles_x.min(i32::MAX as usize));
-                    assert_eq!(cfg.grid_dim.1 as usize, tiles_y.min(65535));
+                    let picked = pick_tiling(&g, e, 132);
+                    assert!(Tiling::supported(e).any(|s| s == picked));
+                    for t in Tiling::supported(e) {
+                        let cfg = tile_config(&g, e, t);
+                        // The kernel's constants: LX = rows / V output vectors per tile row,
+                        // 32 · LX threads, 4 / E loads per thread and band.
+                        assert_eq!(t.rows % v, 0);
+                        assert_eq!(cfg.block_dim, (32 * (t.rows / v) as u32, 1, 1));
+                        assert_eq!(t.threads(e), 32 * t.rows / v);
+                        assert_eq!(t.bands * 128 / e, t.cols(e));
+                        // Grid loops cover what one grid cannot: at least one block per axis.
+                        assert!(cfg.grid_dim.1 >= 1 && cfg.grid_dim.2 >= 1);
+                        assert_eq!(cfg.grid_dim.0 as usize, x.div_ceil(t.rows));
+                        assert_eq!(cfg.grid_dim.1 as usize, y.div_ceil(t.cols(e)).min(65535));
+                    }
                 }
             }
+        }
+
+        #[test]
+        fn supported_tilings() {
+            for (e, n) in [(1, 8), (2, 9), (4, 9)] {
+                assert_eq!(Tiling::supported(e).count(), n);
+                for rb in Tiling::ROW_BYTES {
+                    assert!(Tiling::supported(e).any(|t| t == Tiling::new(e, rb)));
+                }
+                assert!(Tiling::supported(e).all(|t| t.tile_bytes() <= Tiling::MAX_TILE_BYTES));
+            }
+        }
+
+        #[test]
+        fn tile_height_fills_the_device() {
+            let g = |x: usize, y: usize| Geometry {
+                batches: 1,
+                x,
+                y,
+                ld: 2 * y,
+                bs: 0,
+            };
+            // Large problems: 128-byte output row pieces.
+            assert_eq!(pick_tiling(&g(8064, 7168), 1, 132), Tiling::new(1, 128));
+            assert_eq!(pick_tiling(&g(8064, 7168), 2, 132), Tiling::new(2, 128));
+            // 4032 x 576 e4m3 has 160 tiles of 128 rows: shorter tiles give 4 blocks per SM.
+            assert_eq!(pick_tiling(&g(4032, 576), 1, 132), Tiling::new(1, 32));
+            assert_eq!(pick_tiling(&g(4032, 2048), 1, 132), Tiling::new(1, 64));
+            assert_eq!(pick_tiling(&g(4032, 576), 2, 132), Tiling::new(2, 64));
+            // Tiny problems take the smallest tile.
+            assert_eq!(pick_tiling(&g(16, 16), 1, 132), Tiling::new(1, 32));
         }
     }
 }

@@ -16,7 +16,8 @@ use tk_core::testing::{
 };
 use tk_core::{Device, DeviceView, Element, HostTensor, HostView, TkError};
 use tk_transpose::{
-    batched_transpose, batched_transpose_into, reference, transpose, transpose_into,
+    batched_transpose, batched_transpose_into, batched_transpose_into_tiled, reference, transpose,
+    transpose_into, transpose_into_tiled, Tiling,
 };
 
 /// Runs `transpose`/`batched_transpose` (per the view's rank) on the device copy of `view` and
@@ -157,7 +158,9 @@ const OFF_GRID_3D: &[(usize, usize, usize, usize)] = &[
     (3, 5, 7, 5),
     (2, 64, 64, 67),
     (4, 32, 48, 32),
-    (70_000, 2, 16, 2), // more batches than one grid dimension holds
+    (70_000, 2, 16, 2),    // more batches than one grid dimension holds
+    (70_000, 16, 16, 16),  // the same on the staged-tile path
+    (1, 1024, 2048, 1024), // staged path, 64-byte tiles for fp32, 32-byte for e4m3 and bf16
     (1, 1, 1, 1),
     (0, 4, 4, 4),
     (5, 128, 64, 130),
@@ -188,6 +191,88 @@ fn gpu_transpose_off_grid() {
     off_grid_3d::<F8E4M3>(&dev, "e4m3");
     off_grid_3d::<bf16>(&dev, "bf16");
     off_grid_3d::<f32>(&dev, "fp32");
+}
+
+/// More tiles along y than one grid dimension holds (staged-tile path: 128 columns a tile, so
+/// more than 65535 · 128 columns); e4m3 only, as the grid loop does not depend on the dtype.
+#[test]
+fn gpu_transpose_grid_y_loop() {
+    let Some(dev) = gpu_or_skip("gpu_transpose_grid_y_loop") else {
+        return;
+    };
+    let (x, y) = (16, 65_538 * 128 + 16);
+    let case = format!("transpose X={x} Y={y} e4m3 (grid y loops)");
+    let buf = par_random_bits::<F8E4M3>(&[x, y], case_seed(&case));
+    check_on_gpu(&dev, &case, &buf, &buf.view());
+}
+
+/// Every tiling of the staged-tile kernel (the explicit-tiling ops the bench uses to compare
+/// them) on a spec shape with partial tiles along both axes, 2-D with row stride 2K and batched
+/// with padded rows; bit-exact against the CPU reference.
+fn every_tiling<T: Element>(dev: &Device, dtype: &str) {
+    let e = std::mem::size_of::<T>();
+    let (m, k) = (4032, 576);
+    let case = format!("tiled transpose M={m} K={k} {dtype}");
+    let buf = par_random_bits::<T>(&[m, 2 * k], case_seed(&case));
+    let view = buf.view().narrow(1, 0, k).unwrap();
+    let expected = reference::transpose(&view).unwrap();
+    let dbuf = dev.upload(&buf).unwrap();
+    let x = dbuf.view().narrow(1, 0, k).unwrap();
+    let (b, rows) = (3, 136);
+    let bcase = format!("tiled batched_transpose B={b} X=128 Y=384 rows/batch={rows} {dtype}");
+    let bbuf = par_random_bits::<T>(&[b, rows, 384], case_seed(&bcase));
+    let bview = bbuf.view().narrow(1, 0, 128).unwrap();
+    let bexpected = reference::batched_transpose(&bview).unwrap();
+    let dbbuf = dev.upload(&bbuf).unwrap();
+    let bx = dbbuf.view().narrow(1, 0, 128).unwrap();
+    for t in Tiling::supported(e) {
+        let mut out = dev.alloc::<T>(expected.shape()).unwrap();
+        poison(&mut out).unwrap();
+        transpose_into_tiled(&x, &mut out.view_mut(), t).unwrap();
+        let got = out.to_host().unwrap();
+        assert_bits_eq(
+            &format!("{case} {t:?}"),
+            got.as_slice(),
+            expected.as_slice(),
+        );
+        let mut bout = dev.alloc::<T>(bexpected.shape()).unwrap();
+        poison(&mut bout).unwrap();
+        batched_transpose_into_tiled(&bx, &mut bout.view_mut(), t).unwrap();
+        let got = bout.to_host().unwrap();
+        assert_bits_eq(
+            &format!("{bcase} {t:?}"),
+            got.as_slice(),
+            bexpected.as_slice(),
+        );
+    }
+    println!(
+        "{dtype}: {} tilings bit-exact",
+        Tiling::supported(e).count()
+    );
+}
+
+#[test]
+fn gpu_transpose_every_tiling() {
+    let Some(dev) = gpu_or_skip("gpu_transpose_every_tiling") else {
+        return;
+    };
+    every_tiling::<F8E4M3>(&dev, "e4m3");
+    every_tiling::<bf16>(&dev, "bf16");
+    every_tiling::<f32>(&dev, "fp32");
+    // An unsupported tiling, and an input the staged kernel cannot take, are typed errors.
+    let x = dev.upload(&par_random_bits::<bf16>(&[64, 64], 4)).unwrap();
+    let mut out = dev.alloc::<bf16>(&[64, 64]).unwrap();
+    let odd = Tiling { rows: 5, bands: 3 };
+    assert!(matches!(
+        transpose_into_tiled(&x.view(), &mut out.view_mut(), odd),
+        Err(TkError::Param { arg: "tiling", .. })
+    ));
+    let wide = dev.upload(&par_random_bits::<bf16>(&[64, 65], 5)).unwrap();
+    let unaligned = wide.view().narrow(1, 1, 64).unwrap(); // row stride 65: not 16-byte rows
+    assert!(matches!(
+        transpose_into_tiled(&unaligned, &mut out.view_mut(), Tiling::new(2, 128)),
+        Err(TkError::Param { arg: "tiling", .. })
+    ));
 }
 
 #[test]
