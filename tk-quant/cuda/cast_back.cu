@@ -1,25 +1,39 @@
-// Cast back (spec/quant.md §2.2, §3.8): out[r, c] = convert(fl(dec(x[r, c]) * S[r/BM, c/BK]))
-// for e4m3 or packed e2m1 data, convert = identity (fp32) or round-to-nearest-even (bf16).
+// Cast back (spec/quant.md §2.2, §3.8, §3.9): out[r, c] = convert(fl(dec(x[r, c]) * S[r/BM, c/BK]))
+// for e4m3, packed e2m1 or packed E5M6 data, convert = identity (fp32) or round-to-nearest-even
+// (bf16).
 //
 // Compile-time constants (defines):
-//   TK_IN        2 e4m3, 3 packed e2m1
+//   TK_IN        2 e4m3, 3 packed e2m1, 4 packed E5M6
 //   TK_IN_SF     0 fp32 scales with any strides, 1 packed UE8M0 int32
 //   TK_BM, TK_BK the scale block (any sizes >= 1)
 //   TK_OUT       0 fp32, 1 bf16
 //   TK_VECIO     1: vector accesses (aligned rows); 0: element accesses
+//   TK_SF_VEC    1: TK_BK == 1 with fp32 scales of unit column stride and 16-byte aligned scale
+//                rows: the scales of a store are read as float4 (0 otherwise)
+//   TK_J         fragments each lane loads per task, all issued before the first store
+// e4m3 fragments are one store wide (TK_E4M3_VEC of quant_io.cuh: 4 values for fp32 output, 8
+// for bf16), e2m1 and E5M6 fragments 8 values (4 or 12 bytes).
 //
-// A thread handles fragments of 8 logical elements of a row (K % 64 == 0, so fragments never
-// straddle the row end), FPT of them per iteration of a grid-stride loop over the M * K / 8
-// fragments; consecutive threads on consecutive fragments of a row. One scale per fragment when BK % 8 == 0.
+// Work split: a warp task is SEG = TK_J * 32 * VEC consecutive columns of one row (the last one
+// of a row masked, K % 64 == 0 or, E5M6, K % 8 == 0, so a fragment or store never straddles
+// the row end); warps loop over the M * ceil(K / SEG) tasks, consecutive warps on consecutive
+// tasks. Lane l loads fragment j (VEC values, >= 4 bytes) at column 32 * VEC * j + VEC * l of
+// the task, and every store instruction of the warp writes 32 * 16 = 512 contiguous bytes
+// (full sectors): for fp32 output of e2m1 / E5M6 (8-value fragments, 4-value stores) the
+// fragments are exchanged by warp shuffles (store h of fragment j in lane l takes the half
+// l % 2 of lane 16 h + l / 2's fragment).
+#if TK_IN == 2
+#define TK_E4M3_VEC (TK_OUT == 0 ? 4 : 8)
+#endif
 #include "tk/quant_io.cuh"
 
 #if TK_IN < 2
-#error "cast back reads quantized data (TK_IN 2 or 3)"
+#error "cast back reads quantized data (TK_IN 2, 3 or 4)"
 #endif
 
 // Kernel arguments (mirrored by `CastBackArgs` in src/cast_back.rs).
 struct Params {
-    u64 x;               // (M, K) e4m3 or (M, K/2) e2m1, row stride ldx (storage elements)
+    u64 x;               // (M, K) e4m3, (M, K/2) e2m1 or (M, 3K/2) E5M6, row stride ldx (storage elements)
     u64 ldx;
     u64 x_sf;            // scales: fp32 or packed int32
     u64 xsf_s0, xsf_s1;  // their element strides
@@ -27,54 +41,133 @@ struct Params {
     u64 m, k;
 };
 
-constexpr int FPT = 2;  // fragments per thread and iteration (loads issued before any store)
+constexpr int OUT_VEC = TK_OUT == 0 ? 4 : 8;  // values per 16-byte store
+constexpr int PAIR = VEC / OUT_VEC;           // stores per fragment
+constexpr int STEP = 32 * VEC;                // columns of one warp-wide fragment load
+constexpr int SEG = TK_J * STEP;              // columns per warp task
+constexpr int WARPS = 8;                      // warps per CTA (256 threads)
+constexpr int SCALES_PER_STORE = TK_BK % OUT_VEC == 0 ? 1 : OUT_VEC;
+constexpr bool TASK_SCALE = TK_BK % SEG == 0;  // one scale block holds a whole task
+static_assert(PAIR == 1 || (PAIR == 2 && TK_IN != 2), "e4m3 fragments are one store wide");
+static_assert(!TK_SF_VEC || (TK_IN_SF == 0 && TK_BK == 1), "vector scale loads need fp32 scales and TK_BK == 1");
+
+// The scales of the OUT_VEC values of row r from column c (c % OUT_VEC == 0): one when a
+// scale block holds the whole store, else one per value.
+struct StoreScales {
+    float s[SCALES_PER_STORE];
+};
+
+__device__ __forceinline__ StoreScales load_scales(const Params& p, u64 r, u64 c) {
+    StoreScales sc;
+    const void* sf = reinterpret_cast<const void*>(p.x_sf);
+    if constexpr (SCALES_PER_STORE == 1) {
+        sc.s[0] = in_scale(sf, p.xsf_s0, p.xsf_s1, r / TK_BM, c / TK_BK);
+    } else {
+#if TK_SF_VEC
+        // (OUT_VEC,) fp32 scales of columns c.., unit stride, 16-byte aligned (checked by the host)
+        const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(sf) + (r / TK_BM) * p.xsf_s0 + c);
+#pragma unroll
+        for (int i = 0; i < OUT_VEC / 4; ++i) {
+            const float4 t = __ldg(src + i);
+            sc.s[4 * i] = t.x; sc.s[4 * i + 1] = t.y; sc.s[4 * i + 2] = t.z; sc.s[4 * i + 3] = t.w;
+        }
+#else
+#pragma unroll
+        for (int q = 0; q < OUT_VEC; ++q) sc.s[q] = in_scale(sf, p.xsf_s0, p.xsf_s1, r / TK_BM, (c + q) / TK_BK);
+#endif
+    }
+    return sc;
+}
+
+// The fragment of lane `src` of the warp (all 32 lanes call it together).
+__device__ __forceinline__ Raw shfl_raw(const Raw& a, int src) {
+    Raw b;
+#pragma unroll
+    for (int i = 0; i < RAW_WORDS; ++i) b.w[i] = __shfl_sync(0xFFFFFFFFu, a.w[i], src);
+    return b;
+}
+
+// The fragment's values VEC/2.. moved to the front (e2m1: 16 bits of one word; E5M6: the
+// 96-bit big-endian word stream shifted left by 48 bits).
+__device__ __forceinline__ Raw second_half(const Raw& a) {
+    Raw b;
+#if TK_IN == 3
+    b.w[0] = a.w[0] >> 16;
+#elif TK_IN == 4
+    b.w[0] = (a.w[1] << 16) | (a.w[2] >> 16);
+    b.w[1] = a.w[2] << 16;
+    b.w[2] = 0;
+#else
+    b = a;
+#endif
+    return b;
+}
+
+// Writes the OUT_VEC values v of row r from column c of the contiguous (M, K) output.
+__device__ __forceinline__ void store_out(const Params& p, u64 r, u64 c, const float (&v)[OUT_VEC]) {
+#if !TK_VECIO
+    for (int q = 0; q < OUT_VEC; ++q) {
+#if TK_OUT == 0
+        reinterpret_cast<float*>(p.out)[r * p.k + c + q] = v[q];  // (M, K) fp32
+#else
+        reinterpret_cast<__nv_bfloat16*>(p.out)[r * p.k + c + q] = __float2bfloat16_rn(v[q]);  // (M, K) bf16
+#endif
+    }
+#elif TK_OUT == 0
+    // __stwb keeps the 16-byte store whole (a plain float4 assignment was split into 4 STG.E)
+    __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + r * p.k + c), make_float4(v[0], v[1], v[2], v[3]));  // (4,) fp32
+#else
+    u32 w[OUT_VEC / 2];  // (OUT_VEC/2,) bf16 pairs, even column in the low half
+#pragma unroll
+    for (int j = 0; j < OUT_VEC / 2; ++j) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+        w[j] = *reinterpret_cast<const u32*>(&b);
+    }
+    __stwb(reinterpret_cast<uint4*>(reinterpret_cast<u16*>(p.out) + r * p.k + c), make_uint4(w[0], w[1], w[2], w[3]));  // (8,) bf16
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
-    const u64 frags_per_row = p.k / VEC, total = p.m * frags_per_row;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    const void* sf = reinterpret_cast<const void*>(p.x_sf);
-    for (u64 base = (u64)blockIdx.x * blockDim.x + threadIdx.x; base < total; base += FPT * stride) {
-        Raw raw[FPT];  // (FPT fragments, VEC elements)
+    const int lane = threadIdx.x % 32;
+    const u64 segs = (p.k + SEG - 1) / SEG, tasks = p.m * segs;
+    const void* x = reinterpret_cast<const void*>(p.x);
+    for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < tasks; t += (u64)gridDim.x * WARPS) {
+        const u64 r = t / segs, c_task = (t - r * segs) * SEG;  // warp-uniform row and first column
+        Raw raw[TK_J];                                           // (TK_J, VEC) elements of row r
+        StoreScales sc[TASK_SCALE ? 1 : TK_J][TASK_SCALE ? 1 : PAIR];  // the scales of each store
+        if constexpr (TASK_SCALE) sc[0][0] = load_scales(p, r, c_task);
 #pragma unroll
-        for (int i = 0; i < FPT; ++i) {
-            const u64 f = base + i * stride;
-            if (f < total) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, f / frags_per_row, (f % frags_per_row) * VEC);
-        }
-#pragma unroll
-        for (int i = 0; i < FPT; ++i) {
-            const u64 f = base + i * stride;
-            if (f >= total) continue;
-            const u64 r = f / frags_per_row, c0 = (f % frags_per_row) * VEC;
-            float v[VEC];  // (VEC,) dequantized values
-            if constexpr (TK_BK % VEC == 0) {
-                const float s = in_scale(sf, p.xsf_s0, p.xsf_s1, r / TK_BM, c0 / TK_BK);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) v[j] = __fmul_rn(decode_elem(raw[i], j), s);
+        for (int j = 0; j < TK_J; ++j) {
+            const u64 c = c_task + j * STEP + lane * VEC;
+            if (c < p.k) {
+                raw[j] = load_frag(x, p.ldx, p.k, r, c);
             } else {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) v[j] = __fmul_rn(decode_elem(raw[i], j), in_scale(sf, p.xsf_s0, p.xsf_s1, r / TK_BM, (c0 + j) / TK_BK));
+                for (int i = 0; i < RAW_WORDS; ++i) raw[j].w[i] = 0;
             }
-#if !TK_VECIO
-            for (int j = 0; j < VEC; ++j) {
-#if TK_OUT == 0
-                reinterpret_cast<float*>(p.out)[r * p.k + c0 + j] = v[j];  // (M, K) fp32
-#else
-                reinterpret_cast<__nv_bfloat16*>(p.out)[r * p.k + c0 + j] = __float2bfloat16_rn(v[j]);  // (M, K) bf16
-#endif
-            }
-#elif TK_OUT == 0
-            float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + r * p.k + c0);  // (2,) x 4 fp32
-            dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-            dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-#else
-            u32 w[VEC / 2];  // (VEC/2,) bf16 pairs, even column in the low half
 #pragma unroll
-            for (int j = 0; j < VEC / 2; ++j) {
-                const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-                w[j] = *reinterpret_cast<const u32*>(&b);
+            for (int h = 0; h < (TASK_SCALE ? 0 : PAIR); ++h) {
+                const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
+                if (cs < p.k) sc[j][h] = load_scales(p, r, cs);
             }
-            *reinterpret_cast<uint4*>(reinterpret_cast<u16*>(p.out) + r * p.k + c0) = make_uint4(w[0], w[1], w[2], w[3]);
-#endif
+        }
+#pragma unroll
+        for (int j = 0; j < TK_J; ++j) {
+#pragma unroll
+            for (int h = 0; h < PAIR; ++h) {
+                Raw src = raw[j];
+                if constexpr (PAIR == 2) {
+                    src = shfl_raw(raw[j], 16 * h + lane / 2);
+                    if (lane % 2) src = second_half(src);
+                }
+                const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
+                if (cs >= p.k) continue;
+                float v[OUT_VEC];  // (OUT_VEC,) dequantized values of row r from column cs
+#pragma unroll
+                for (int q = 0; q < OUT_VEC; ++q)
+                    v[q] = __fmul_rn(decode_elem(src, q), sc[TASK_SCALE ? 0 : j][TASK_SCALE ? 0 : h].s[SCALES_PER_STORE == 1 ? 0 : q]);
+                store_out(p, r, cs, v);
+            }
         }
     }
 }

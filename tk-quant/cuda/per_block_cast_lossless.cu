@@ -5,8 +5,9 @@
 //   TK_PASS      1: one warp (or, for small blocks, one thread) per output block: E_out = max(E_in) - 6 (saturating), the scale
 //                   written in the output layout, error bits 1 (an input scale is not a positive
 //                   normal power of two) and 2 (an input block more than 2^11 below E_max);
-//                2: FPT fragments of 8 logical elements per thread and iteration: out = enc8(dec4 * 2^(E_in - E_out)),
-//                   error bit 4 (scale 0.0 over nonzero data).
+//                2: a warp per task of 1024 columns of a row, 4 fragments of 8 logical elements
+//                   per lane: out = enc8(dec4 * 2^(E_in - E_out)), error bit 4 (scale 0.0 over
+//                   nonzero data).
 //   TK_IN = 3 (e2m1), TK_IN_SF (0 fp32 / 1 packed input scales), TK_IH, TK_IW, TK_OH, TK_OW,
 //   TK_SF_OUT (0 A, 1 B, 2 C), TK_VECIO (pass 2: vector loads/stores).
 // Errors are OR-ed into *flag with atomicOr (only when one occurs); the host reads it later.
@@ -111,48 +112,72 @@ __device__ __forceinline__ u32 out_exponent(const Params& p, u64 mo, u64 ko) {
 #endif
 }
 
-constexpr int FPT = 4;  // fragments per thread and iteration (loads issued before any store)
+constexpr int J = 4;                   // fragments per lane and warp task (loads issued before any store)
+constexpr int STEP = 32 * VEC;         // columns of one warp-wide fragment load
+constexpr int SEG = J * STEP;          // columns per warp task
+constexpr int WARPS = 8;               // warps per CTA (256 threads)
+constexpr bool FRAG_SCALES = TK_IW % VEC == 0 && TK_OW % VEC == 0;  // one E_in / E_out per fragment
 
-extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
-    const u64 frags_per_row = p.k / VEC, total = p.m * frags_per_row;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 base = (u64)blockIdx.x * blockDim.x + threadIdx.x; base < total; base += FPT * stride) {
-        Raw raw[FPT];  // (FPT fragments, 8 nibbles)
+// The 8 e4m3 codes of fragment `raw` of row r from column c0, and whether a nonzero value met
+// an output scale 0.0 (E_out = 0).
+__device__ __forceinline__ uint2 requant(const Params& p, const Raw& raw, u64 r, u64 c0, u32 ei0, u32 eo0, bool& lost) {
+    u32 w[2] = {0, 0};  // (2,) words of 4 e4m3 codes, column c0 in the low byte
+    if constexpr (FRAG_SCALES) lost |= eo0 == 0 && (raw.w[0] & 0x77777777u) != 0;  // a nonzero magnitude
 #pragma unroll
-        for (int i = 0; i < FPT; ++i) {
-            const u64 f = base + i * stride;
-            if (f < total) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, f / frags_per_row, (f % frags_per_row) * VEC);
+    for (int j = 0; j < VEC; j += 2) {
+        float v[2];  // (2,) values of columns c0 + j, c0 + j + 1, rescaled
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u64 c = c0 + j + i;
+            const u32 ei = FRAG_SCALES ? ei0 : in_exponent(p, r / TK_IH, c / TK_IW);
+            const u32 eo = FRAG_SCALES ? eo0 : out_exponent(p, r / TK_OH, c / TK_OW);
+            const int d = min(max((int)ei - (int)eo, -126), 127);
+            const float x = decode_elem(raw, j + i);
+            if constexpr (!FRAG_SCALES) lost |= eo == 0 && x != 0.0f;
+            v[i] = __fmul_rn(x, __uint_as_float((u32)(d + 127) << 23));
+        }
+        // one F2FP converts the pair, each exactly as __nv_cvt_float_to_fp8 would
+        const u32 two = __nv_cvt_float2_to_fp8x2(make_float2(v[0], v[1]), __NV_SATFINITE, __NV_E4M3);
+        w[j / 4] |= two << (8 * (j % 4));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// A warp per task of SEG consecutive columns of one row (masked at the row end, K % 32 == 0):
+// lane l handles fragment j at column STEP * j + VEC * l of the task, so each store instruction
+// writes 256 contiguous bytes.
+extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
+    const int lane = threadIdx.x % 32;
+    const u64 segs = (p.k + SEG - 1) / SEG, tasks = p.m * segs;
+    bool lost = false;
+    for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < tasks; t += (u64)gridDim.x * WARPS) {
+        const u64 r = t / segs, c_task = (t - r * segs) * SEG;  // warp-uniform row and first column
+        Raw raw[J];                                              // (J, 8 nibbles) of row r
+        u32 ei[J], eo[J];                                        // E_in, E_out of each fragment
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const u64 c = c_task + j * STEP + lane * VEC;
+            if (c >= p.k) continue;
+            raw[j] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r, c);
+            if constexpr (FRAG_SCALES) {
+                ei[j] = in_exponent(p, r / TK_IH, c / TK_IW);
+                eo[j] = out_exponent(p, r / TK_OH, c / TK_OW);
+            }
         }
 #pragma unroll
-        for (int i = 0; i < FPT; ++i) {
-            const u64 f = base + i * stride;
-            if (f >= total) continue;
-            const u64 r = f / frags_per_row, c0 = (f % frags_per_row) * VEC;
-            u8 q[VEC];  // (VEC,) e4m3 codes
-            u32 lost = 0;
-            // One input / output scale per fragment when the block widths are multiples of 8.
-            const u32 ei0 = TK_IW % VEC == 0 ? in_exponent(p, r / TK_IH, c0 / TK_IW) : 0;
-            const u32 eo0 = TK_OW % VEC == 0 ? out_exponent(p, r / TK_OH, c0 / TK_OW) : 0;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                const u64 c = c0 + j;
-                const u32 ei = TK_IW % VEC == 0 ? ei0 : in_exponent(p, r / TK_IH, c / TK_IW);
-                const u32 eo = TK_OW % VEC == 0 ? eo0 : out_exponent(p, r / TK_OH, c / TK_OW);
-                const int d = min(max((int)ei - (int)eo, -126), 127);
-                const float v = decode_elem(raw[i], j);
-                lost |= eo == 0 && v != 0.0f;
-                q[j] = __nv_cvt_float_to_fp8(__fmul_rn(v, __uint_as_float((u32)(d + 127) << 23)), __NV_SATFINITE, __NV_E4M3);
-            }
-            if (lost) atomicOr(reinterpret_cast<u32*>(p.flag), 4u);
-            u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c0;  // (VEC,) bytes of row r
+        for (int j = 0; j < J; ++j) {
+            const u64 c = c_task + j * STEP + lane * VEC;
+            if (c >= p.k) continue;
+            const uint2 q = requant(p, raw[j], r, c, FRAG_SCALES ? ei[j] : 0, FRAG_SCALES ? eo[j] : 0, lost);
+            u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c;  // (VEC,) e4m3 bytes of row r
 #if TK_VECIO
-            *reinterpret_cast<uint2*>(dst) = make_uint2(q[0] | q[1] << 8 | q[2] << 16 | (u32)q[3] << 24,
-                                                        q[4] | q[5] << 8 | q[6] << 16 | (u32)q[7] << 24);
+            *reinterpret_cast<uint2*>(dst) = q;
 #else
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) dst[j] = q[j];
+            for (int i = 0; i < VEC; ++i) dst[i] = (u8)((i < 4 ? q.x : q.y) >> (8 * (i % 4)));
 #endif
         }
     }
+    if (lost) atomicOr(reinterpret_cast<u32*>(p.flag), 4u);
 }
 #endif

@@ -3,7 +3,8 @@
 //
 // Defines used: TK_IN (0 fp32, 1 bf16, 2 e4m3, 3 packed e2m1, 4 packed E5M6), TK_FMT (cast
 // target; 2 = E5M6 widens fp32 fragments to 8 values), TK_IN_SF (quantized input:
-// 0 fp32 scales with any strides, 1 packed UE8M0 int32), TK_VECIO (1: vector loads).
+// 0 fp32 scales with any strides, 1 packed UE8M0 int32), TK_VECIO (1: vector loads),
+// TK_E4M3_VEC (optional: e4m3 fragment width 4 or 8, default 8).
 #pragma once
 #include "tk/common.cuh"
 #include <cuda_fp8.h>
@@ -22,6 +23,9 @@ constexpr int IN_BITS = 32;
 #elif TK_IN == 1
 constexpr int VEC = 8;  // 16 bytes of bf16
 constexpr int IN_BITS = 16;
+#elif TK_IN == 2 && defined(TK_E4M3_VEC)
+constexpr int VEC = TK_E4M3_VEC;  // 4 or 8 bytes of e4m3
+constexpr int IN_BITS = 8;
 #elif TK_IN == 2
 constexpr int VEC = 8;  // 8 bytes of e4m3
 constexpr int IN_BITS = 8;

@@ -115,8 +115,9 @@ pub(crate) fn e5m6_dims(data: &tk_core::Layout) -> Result<(usize, usize)> {
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
-/// The GPU ops (feature `cuda`): `cuda/cast_back.cu`, two 8-element fragments per thread and
-/// loop iteration, 16-byte stores; bit-exact with [`crate::reference::cast_back_op`].
+/// The GPU ops (feature `cuda`): `cuda/cast_back.cu`, a warp per task of consecutive columns of
+/// one row, every store instruction 512 contiguous bytes; bit-exact with
+/// [`crate::reference::cast_back_op`].
 #[cfg(feature = "cuda")]
 mod gpu {
     use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -159,14 +160,35 @@ mod gpu {
     // kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for CastBackArgs {}
 
-    /// The specialisation for data `fmt`, packed or fp32 scales, `block`, output `out` and
-    /// vector accesses.
+    /// Fragments each lane loads per warp task (`TK_J`), all in flight before the first store.
+    const FRAGS_PER_LANE: usize = 4;
+
+    /// The threads of a CTA (8 warps, `WARPS` in the kernel).
+    const CTA_THREADS: u32 = 256;
+
+    /// The values of one fragment (`VEC` in the kernel): an e4m3 fragment is one 16-byte store
+    /// wide (4 values for fp32 output, 8 for bf16), e2m1 and E5M6 fragments 8 values.
+    fn fragment_values(fmt: Option<CastFormat>, out: DType) -> usize {
+        match fmt {
+            Some(CastFormat::E4M3) => 16 / out.size_bytes(),
+            _ => 8,
+        }
+    }
+
+    /// The columns of one warp task (`SEG` in the kernel).
+    fn task_columns(fmt: Option<CastFormat>, out: DType) -> usize {
+        FRAGS_PER_LANE * 32 * fragment_values(fmt, out)
+    }
+
+    /// The specialisation for data `fmt`, packed or fp32 scales, `block`, output `out`, vector
+    /// data accesses and vector fp32 scale loads (`block.1 == 1`, unit column stride).
     pub(crate) fn kernel_spec(
         fmt: Option<CastFormat>,
         packed_sf: bool,
         block: (usize, usize),
         out: DType,
         vecio: bool,
+        sf_vec: bool,
     ) -> KernelSpec {
         KernelSpec::new(&SOURCE)
             .define(
@@ -182,6 +204,8 @@ mod gpu {
             .define("TK_BK", block.1)
             .define("TK_OUT", (out == DType::BF16) as u8)
             .define("TK_VECIO", vecio as u8)
+            .define("TK_SF_VEC", sf_vec as u8)
+            .define("TK_J", FRAGS_PER_LANE)
     }
 
     /// The specialisations of the spec's grids (for compile checks and prewarm).
@@ -190,12 +214,19 @@ mod gpu {
         for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
             for (packed, block) in [(true, (1, 128)), (false, (128, 128)), (false, (128, 1))] {
                 for out in [DType::F32, DType::BF16] {
-                    v.push(kernel_spec(Some(fmt), packed, block, out, true));
+                    v.push(kernel_spec(
+                        Some(fmt),
+                        packed,
+                        block,
+                        out,
+                        true,
+                        block.1 == 1,
+                    ));
                 }
             }
         }
         for out in [DType::F32, DType::BF16] {
-            v.push(kernel_spec(None, false, (1, 7168), out, true));
+            v.push(kernel_spec(None, false, (1, 7168), out, true, false));
         }
         v
     }
@@ -224,7 +255,7 @@ mod gpu {
             address: x.data.address(),
             ld: x.data.layout().strides()[0] as u64,
             device: x.data.device(),
-            load_bytes: 8 / fmt.values_per_byte() as u64,
+            load_bytes: (fragment_values(Some(fmt), O::DTYPE) / fmt.values_per_byte()) as u64,
         };
         launch(&src, &x.sf, x.block, &plan, out)
     }
@@ -305,18 +336,25 @@ mod gpu {
         let vecio =
             args.x % src.load_bytes == 0 && args.ldx % src.load_bytes == 0 && args.out % 16 == 0;
         let packed = matches!(sf, DeviceScaleView::Packed(_));
-        let spec = kernel_spec(src.fmt, packed, block, O::DTYPE, vecio);
+        // fp32 scales of one column each, contiguous along K in 16-byte aligned rows: a store's
+        // 4 or 8 scales are read as float4.
+        let sf_vec =
+            !packed && block.1 == 1 && xsf_s1 == 1 && args.x_sf % 16 == 0 && (xsf_s0 * 4) % 16 == 0;
+        let spec = kernel_spec(src.fmt, packed, block, O::DTYPE, vecio, sf_vec);
         let f = dev.function(&spec)?;
-        let frags = plan.m * (plan.k / 8);
+        // One warp per task of `task_columns` columns of a row; at most 16 CTAs per SM, the
+        // warps loop over the remaining tasks.
+        let tasks = plan.m * plan.k.div_ceil(task_columns(src.fmt, O::DTYPE));
+        let warps_per_cta = CTA_THREADS as usize / 32;
         let cfg = LaunchConfig {
             grid_dim: (
-                frags
-                    .div_ceil(2 * 256)
-                    .min(dev.props().sm_count as usize * 64) as u32,
+                tasks
+                    .div_ceil(warps_per_cta)
+                    .min(dev.props().sm_count as usize * 16) as u32,
                 1,
                 1,
             ),
-            block_dim: (256, 1, 1),
+            block_dim: (CTA_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = dev.stream().launch_builder(&f);
@@ -325,7 +363,8 @@ mod gpu {
         // shape through their strides) and out is contiguous (M, K) on the same device; the
         // kernel reads the data rows r < M (K logical columns) and the scales inside their
         // grid and writes out[r, 0..K] for r < M only, with vector accesses only where
-        // `vecio` proved the alignment. The buffers outlive the stream-ordered launch.
+        // `vecio` (data, output) and `sf_vec` (scale rows of K unit-stride fp32) proved the
+        // alignment. The buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_cast_back")?;
         Ok(())
     }

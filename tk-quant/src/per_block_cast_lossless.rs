@@ -237,6 +237,10 @@ mod gpu {
         needs_cuda_headers: true,
     };
 
+    /// The columns of a row one warp of pass 2 handles (`SEG` = 4 fragments × 32 lanes × 8
+    /// values in the kernel).
+    const PASS2_TASK_COLUMNS: usize = 1024;
+
     /// The kernel arguments, field for field `Params` in `cuda/per_block_cast_lossless.cu`.
     #[repr(C)]
     #[derive(Debug, Clone, Copy)]
@@ -428,15 +432,17 @@ mod gpu {
         let packed = matches!(x.sf, DeviceScaleView::Packed(_));
         let sms = dev.props().sm_count as usize;
         // Pass 1: one warp per output block of at least 64 input blocks, else one thread
-        // (the kernel's TEAM); pass 2: 4 fragments per thread.
+        // (the kernel's TEAM); pass 2: one warp per task of 1024 columns of a row (the
+        // kernel's SEG), at most 16 CTAs of 8 warps per SM looping over the tasks.
         let (oh, ow) = params.out_block_size;
-        let team = if (oh / x.block.0) * (ow / x.block.1) >= 32 {
+        let team = if (oh / x.block.0) * (ow / x.block.1) >= 64 {
             32
         } else {
             1
         };
         let out_blocks = plan.output.grid.nbm() * plan.output.grid.nbk();
-        for (pass, items) in [(1u8, team * out_blocks), (2, (m * k / 8).div_ceil(4))] {
+        let pass2_tasks = m * k.div_ceil(PASS2_TASK_COLUMNS);
+        for (pass, threads) in [(1u8, team * out_blocks), (2, pass2_tasks * 32)] {
             let spec = kernel_spec(
                 pass,
                 packed,
@@ -447,7 +453,13 @@ mod gpu {
             );
             let f = dev.function(&spec)?;
             let cfg = LaunchConfig {
-                grid_dim: (items.div_ceil(256).clamp(1, sms * 64) as u32, 1, 1),
+                grid_dim: (
+                    threads
+                        .div_ceil(256)
+                        .clamp(1, sms * if pass == 1 { 64 } else { 16 }) as u32,
+                    1,
+                    1,
+                ),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };

@@ -1177,3 +1177,87 @@ fn gpu_per_token_cast_two_fragment_edges() {
         run_token_case(&dev.with_new_stream().unwrap(), c)
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// cast_back: row-strided data and per-column scale layouts
+// ---------------------------------------------------------------------------------------------
+
+/// `t` `(M, C)` on the device with rows `C + pad` storage elements apart, starting `off`
+/// elements in (the padding repeats the first element and is never read), and that layout.
+fn upload_row_strided<T: tk_core::Element + Copy>(
+    dev: &Device,
+    t: &HostTensor<T>,
+    pad: usize,
+    off: usize,
+) -> (DeviceTensor<T>, Layout) {
+    let (m, c) = (t.shape()[0], t.shape()[1]);
+    let ld = c + pad;
+    let fill = t.as_slice()[0];
+    let mut v = vec![fill; off + m * ld];
+    for (r, row) in t.as_slice().chunks(c).enumerate() {
+        v[off + r * ld..off + r * ld + c].copy_from_slice(row);
+    }
+    let n = v.len();
+    let d = dev.upload(&HostTensor::from_vec(v, &[n]).unwrap()).unwrap();
+    (d, Layout::new(vec![m, c], vec![ld, 1], off).unwrap())
+}
+
+/// Cast back from row-strided data: padded aligned rows (vector loads) and an odd start
+/// (element loads and stores), with (bm, 1) blocks in row-major (vector scale loads) and
+/// column-major (one scale per value) layouts, other blocks, K not a multiple of a warp task.
+#[test]
+fn gpu_cast_back_strided() {
+    let Some(dev) = gpu_or_skip("gpu_cast_back_strided") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for (m, k) in [(1, 64), (37, 4160)] {
+        for fmt in [CastFormat::E2M1, CastFormat::E4M3] {
+            for (block, opts) in [
+                ((1, 128), ScaleOptions::packed_ue8m0()),
+                ((128, 1), ScaleOptions::row_major(false)),
+                ((3, 1), ScaleOptions::col_major(false)),
+                ((5, 7), ScaleOptions::row_major(false)),
+            ] {
+                for (pad, off) in [(16, 0), (5, 1)] {
+                    cases.push((m, k, fmt, block, opts, pad, off));
+                }
+            }
+        }
+    }
+    par_cases(&cases, |&(m, k, fmt, block, opts, pad, off)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!(
+            "cast_back strided M={m} K={k} {fmt:?} {block:?} {:?} pad={pad} off={off}",
+            opts.layout().unwrap()
+        );
+        let x = Rng::for_case(&name).randn(&[m, k], |v| v);
+        let (q, s) = reference::cast(&x.view().into(), fmt, block, opts).unwrap();
+        let hin = QuantInput::new(q.view(), s.view(), block);
+        let sf = DevQuant::upload_scales(&dev, &s);
+        let (e4m3, e2m1);
+        let data = match &q {
+            QuantData::E4M3(t) => {
+                let (d, l) = upload_row_strided(&dev, t, pad, off);
+                e4m3 = d;
+                DeviceQuantDataView::E4M3(e4m3.view().with_layout(l).unwrap())
+            }
+            QuantData::E2M1(t) => {
+                let (d, l) = upload_row_strided(&dev, t, pad, off);
+                e2m1 = d;
+                DeviceQuantDataView::E2M1(e2m1.view().with_layout(l).unwrap())
+            }
+        };
+        let din = DeviceQuantInput::new(data, sf.view(&s), block);
+        let mut o32 = dev.alloc::<f32>(&[m, k]).unwrap();
+        o32.fill_bytes(POISON).unwrap();
+        tk_quant::cast_back_into(&din, &mut o32.view_mut()).unwrap();
+        check_cast_back_outputs(
+            &name,
+            &o32,
+            &reference::cast_back_op::<f32>(&hin).unwrap(),
+            &tk_quant::cast_back::<bf16>(&din).unwrap(),
+            &reference::cast_back_op::<bf16>(&hin).unwrap(),
+        );
+    });
+}
