@@ -389,19 +389,32 @@ mod gpu {
         Ok(())
     }
 
-    /// The staged-tile path's tiling for `e`-byte elements on a device with `sms` SMs: the
-    /// tallest tile (128, 64, then 32 bytes of x) that still gives every SM at least 4 blocks
-    /// (else the smallest), so small problems spread over the whole device while large ones keep
-    /// 128-byte output row pieces; `e` bands, so every thread moves 64 bytes.
+    /// The staged-tile path's tiling for `e`-byte elements on a device with `sms` SMs, a rule
+    /// fitted to the H200 measurements of every tiling at upstream's shapes (tk-transpose
+    /// PERF.md): large problems (at least 16 blocks per SM) keep 128-byte output row pieces with
+    /// `e` bands (every thread moves 64 bytes); mid-sized ones take 64-byte pieces in 4 bands
+    /// (wider blocks, fewer of them) while that still gives every SM a block; smaller ones
+    /// 64-byte pieces in one band.
     fn pick_tiling(g: &Geometry, e: usize, sms: usize) -> Tiling {
-        Tiling::ROW_BYTES
-            .into_iter()
-            .map(|rb| Tiling::new(e, rb))
-            .find(|t| {
-                let (nx, ny) = tile_counts(g, e, t);
-                nx * ny * g.batches >= 4 * sms
-            })
-            .unwrap_or(Tiling::new(e, Tiling::ROW_BYTES[2]))
+        let blocks = |t: &Tiling| {
+            let (nx, ny) = tile_counts(g, e, t);
+            nx * ny * g.batches
+        };
+        let large = Tiling::new(e, Tiling::ROW_BYTES[0]);
+        let wide = Tiling {
+            rows: Tiling::ROW_BYTES[1] / e,
+            bands: 4,
+        };
+        if blocks(&large) >= 16 * sms {
+            large
+        } else if blocks(&wide) >= sms {
+            wide
+        } else {
+            Tiling {
+                rows: Tiling::ROW_BYTES[1] / e,
+                bands: 1,
+            }
+        }
     }
 
     /// Tiles along x and y.
@@ -508,7 +521,7 @@ mod gpu {
         }
 
         #[test]
-        fn tile_height_fills_the_device() {
+        fn tiling_rule_fills_the_device() {
             let g = |x: usize, y: usize| Geometry {
                 batches: 1,
                 x,
@@ -516,15 +529,25 @@ mod gpu {
                 ld: 2 * y,
                 bs: 0,
             };
+            let wide = |e: usize| Tiling {
+                rows: 64 / e,
+                bands: 4,
+            };
+            let narrow = |e: usize| Tiling {
+                rows: 64 / e,
+                bands: 1,
+            };
             // Large problems: 128-byte output row pieces.
             assert_eq!(pick_tiling(&g(8064, 7168), 1, 132), Tiling::new(1, 128));
             assert_eq!(pick_tiling(&g(8064, 7168), 2, 132), Tiling::new(2, 128));
-            // 4032 x 576 e4m3 has 160 tiles of 128 rows: shorter tiles give 4 blocks per SM.
-            assert_eq!(pick_tiling(&g(4032, 576), 1, 132), Tiling::new(1, 32));
-            assert_eq!(pick_tiling(&g(4032, 2048), 1, 132), Tiling::new(1, 64));
-            assert_eq!(pick_tiling(&g(4032, 576), 2, 132), Tiling::new(2, 64));
-            // Tiny problems take the smallest tile.
-            assert_eq!(pick_tiling(&g(16, 16), 1, 132), Tiling::new(1, 32));
+            // Mid-sized: 64-byte pieces in 4 bands.
+            assert_eq!(pick_tiling(&g(4032, 2048), 1, 132), wide(1));
+            assert_eq!(pick_tiling(&g(4032, 3072), 1, 132), wide(1));
+            assert_eq!(pick_tiling(&g(4032, 576), 2, 132), wide(2));
+            assert_eq!(pick_tiling(&g(4032, 2560), 2, 132), wide(2));
+            // 4032 x 576 e4m3 has 126 wide tiles for 132 SMs: one band.
+            assert_eq!(pick_tiling(&g(4032, 576), 1, 132), narrow(1));
+            assert_eq!(pick_tiling(&g(16, 16), 4, 132), narrow(4));
         }
     }
 }
