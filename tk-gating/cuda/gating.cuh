@@ -173,14 +173,83 @@ __device__ __forceinline__ void load_row(float (&x)[N], const float* __restrict_
 
 // ----- scores (scoring.rs) -------------------------------------------------------------------
 
-// exp(x) rounded once to fp32 from a double evaluation (as tk_core::math::expf).
-__device__ __forceinline__ float exp_f32(float x) { return __double2float_rn(exp((double)x)); }
+// exp(x) in double for |x| <= 708: the main path of CUDA's double exp() (libdevice), written out
+// with its constants and its operations in its order, so the result is the same double: round
+// k = rint(x / ln 2) with the 1.5 * 2^52 shift, reduce r = x - k ln2_hi - k ln2_lo, evaluate
+// the degree-11 polynomial by Horner, add k to the exponent field. CUDA's exp() branches to its
+// overflow/underflow path for |x| > 708.39; without that branch, calls on several values can be
+// interleaved by the scheduler (the chains are 16 dependent double operations long).
+__device__ __forceinline__ double exp_main_path(double x) {
+    const double shift = 6755399441055744.0;  // 1.5 * 2^52: t's low word is k
+    const double t = __fma_rn(x, __longlong_as_double(0x3ff71547652b82fell), shift);  // x log2(e) + shift
+    const double k = __dadd_rn(t, -shift);
+    double r = __fma_rn(k, -__longlong_as_double(0x3fe62e42fefa39efll), x);  // - k ln2_hi
+    r = __fma_rn(k, -__longlong_as_double(0x3c7abc9e3b39803fll), r);         // - k ln2_lo
+    double p = __fma_rn(r, __longlong_as_double(0x3e5ade1569ce2bdfll), __longlong_as_double(0x3e928af3fca213eall));
+    p = __fma_rn(r, p, __longlong_as_double(0x3ec71dee62401315ll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3efa01997c89eb71ll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3f2a01a014761f65ll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3f56c16c1852b7afll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3f81111111122322ll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3fa55555555502a1ll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3fc5555555555511ll));
+    p = __fma_rn(r, p, __longlong_as_double(0x3fe000000000000bll));
+    p = __fma_rn(r, p, 1.0);
+    p = __fma_rn(r, p, 1.0);
+    return __hiloint2double(__double2hiint(p) + (__double2loint(t) << 20), __double2loint(p));
+}
+
+// exp(x) rounded once to fp32 from a double evaluation (as tk_core::math::expf), branch-free.
+// Arguments are clamped to [-104, 89] first: exp(-104) < 2^-150 rounds to +0 in fp32 and
+// exp(89) > FLT_MAX rounds to +inf, as every exp of an argument beyond them does, and inside
+// the clamp exp_main_path is CUDA's exp(). NaN returns NaN.
+__device__ __forceinline__ float exp_f32(float x) {
+    const float c = fminf(fmaxf(x, -104.0f), 89.0f);
+    const float e = __double2float_rn(exp_main_path((double)c));
+    return x != x ? x : e;
+}
 // log(1 + x) rounded once to fp32 from a double evaluation (as tk_core::math::log1pf).
 __device__ __forceinline__ float log1p_f32(float x) { return __double2float_rn(log1p((double)x)); }
 
+// 1 / d correctly rounded (as __fdiv_rn(1.0f, d)) for 1 <= d < 2^64, branch-free: the fast
+// path of CUDA's IEEE fp32 division, operation for operation (approximate reciprocal, one
+// Newton step, quotient, remainder, corrected quotient). CUDA's division takes it whenever its
+// FCHK range check passes, which it does for a dividend of 1 and such divisors; other divisors
+// need __fdiv_rn itself.
+__device__ __forceinline__ float rcp_fast_path(float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));  // MUFU.RCP; d, 1/d are normal
+    r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+    const float q = __fmaf_rn(r, 1.0f, 0.0f);
+    return __fmaf_rn(r, __fmaf_rn(-d, q, 1.0f), q);
+}
+// The divisor of a sigmoid: d = 1 + exp(-x).
+__device__ __forceinline__ float sigmoid_den(float x) { return __fadd_rn(1.0f, exp_f32(-x)); }
+// Below this divisor (x > -44.3) rcp_fast_path gives the sigmoid.
+constexpr float SIGMOID_FAST_DEN = 18446744073709551616.0f;  // 2^64
 // e = exp(-x); d = 1 + e; s = 1 / d.
 __device__ __forceinline__ float sigmoid(float x) {
-    return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f32(-x)));
+    const float d = sigmoid_den(x);
+    return d < SIGMOID_FAST_DEN ? rcp_fast_path(d) : __fdiv_rn(1.0f, d);
+}
+// sigmoid() of N values, the common case straight-line (so the N exp chains interleave): a
+// divisor of 2^64 or more (x < -44.3) or NaN is kept in s (it is > 1 or NaN, never a sigmoid
+// in [0, 1]) and divided afterwards, behind one branch.
+template <int N>
+__device__ __forceinline__ void sigmoid_n(float (&s)[N], const float (&x)[N]) {
+    bool slow = false;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const float d = sigmoid_den(x[i]);
+        const bool fast = d < SIGMOID_FAST_DEN;
+        s[i] = fast ? rcp_fast_path(d) : d;
+        slow = slow || !fast;
+    }
+    if (slow) {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (!(s[i] <= 1.0f)) s[i] = __fdiv_rn(1.0f, s[i]);
+    }
 }
 // x if x > 20 (strict), else log1p(exp(x)).
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1p_f32(exp_f32(x)); }

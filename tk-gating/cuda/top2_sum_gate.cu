@@ -131,8 +131,15 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
 #pragma unroll
             for (int i = 0; i < N; ++i) s[i] = __fdiv_rn(s[i], z);
         } else {
+#if TK_SCORING == 0
+            sigmoid_n<N>(s, x);
+#else
 #pragma unroll
-            for (int i = 0; i < N; ++i) s[i] = slot_index<4>(i, lane) < E ? score(x[i]) : 0.0f;
+            for (int i = 0; i < N; ++i) s[i] = score(x[i]);
+#endif
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                if (slot_index<4>(i, lane) >= E) s[i] = 0.0f;  // padding
         }
 
         const bool fixed = fix && fix[t * fs] != 0;
