@@ -150,14 +150,16 @@ struct Best {
 // The previous pick before the first round of the streamed path: everything ranks after it.
 constexpr u32 FIRST_KEY = 0xffffffffu, FIRST_IDX = 0u;
 
-// Loads elements [0, n) of a row (unit stride) into the row layout; slots past n get `pad`.
-// `vec`: the row start is 16-byte aligned, so whole in-range vectors use one 16-byte load.
-template <int N>
+// Loads elements [0, n) of a row (unit stride) into the layout of slot_index<A> (A a multiple
+// of 4); slots past n get `pad`. `vec`: the row start is 16-byte aligned, so whole in-range
+// 4-element pieces use one 16-byte load.
+template <int A, int N>
 __device__ __forceinline__ void load_row(float (&x)[N], const float* __restrict__ row, u32 n, u32 lane,
                                          bool vec, float pad) {
+    static_assert(A % 4 == 0 && N % A == 0, "runs of whole 4-element pieces");
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
-        const u32 j0 = slot_index<4>(4 * i, lane);
+        const u32 j0 = slot_index<A>(4 * i, lane);
         if (vec && j0 + 4 <= n) {
             const float4 q = __ldg(reinterpret_cast<const float4*>(row + j0));
             x[4 * i] = q.x;
@@ -293,6 +295,32 @@ struct Top2 {
     template <int NSUM>
     __device__ __forceinline__ u32 score_key() const {
         return NSUM == 1 ? k1 : order_key(__fadd_rn(v1, v2));
+    }
+};
+
+// A running multiset top-2 of order keys (k1 >= k2; NONE = empty), for group scores that only
+// need the key of the top-2 sum: the values are rebuilt from the keys (value_of_key), which
+// turns -0.0 into +0.0 and canonicalises NaN payloads; neither changes the key of the sum
+// (-0 + -0 and +0 + +0 have the same key, NaN stays NaN), so sum_key() equals
+// Top2::score_key<2>() with half the shuffles per merge.
+__device__ __forceinline__ float value_of_key(u32 k) {
+    return __uint_as_float((k & 0x80000000u) ? k ^ 0x80000000u : ~k);  // inverse of order_key
+}
+struct KeyTop2 {
+    u32 k1 = NONE, k2 = NONE;
+    __device__ __forceinline__ void insert(u32 k) {
+        k2 = max(k2, min(k1, k));
+        k1 = max(k1, k);
+    }
+    // Merges another lane's top-2 (lane ^ off) into this one.
+    __device__ __forceinline__ void merge_xor(u32 off) {
+        const u32 o1 = __shfl_xor_sync(FULL, k1, off), o2 = __shfl_xor_sync(FULL, k2, off);
+        k2 = max(max(k2, o2), min(k1, o1));
+        k1 = max(k1, o1);
+    }
+    // The order key of the fp32 sum of the two values (both must be present).
+    __device__ __forceinline__ u32 sum_key() const {
+        return order_key(__fadd_rn(value_of_key(k1), value_of_key(k2)));
     }
 };
 

@@ -35,7 +35,20 @@
 using namespace tkg;
 
 constexpr u32 E = TK_E, K = TK_K;
-constexpr int N = 4 * ((TK_E + 127) / 128);  // row slots per lane
+// Row layout (gating.cuh): lane l owns runs of A consecutive experts, run i of lane l starting
+// at expert i * 32A + lA. A = 8 where it lets every lane's run lie in one group of a
+// register-held grouping (G > 0, elementwise scores, 8 | E / G | 256, 256 | E): then a lane
+// scores one group per 256-expert vector and a group's top-2 merge needs log2(E / G / 8) XOR
+// rounds instead of log2(E / G / 4) per 128-expert vector (DeepSeek-V3: 2 rounds on one run
+// instead of 3 on each of two). Otherwise A = 4 (softmax sums Z in the A = 4 slot order).
+#if TK_G > 0
+constexpr bool RUN8 = TK_SCORING != 2 && TK_E % 256 == 0 && (TK_E / TK_G) % 8 == 0 && 256 % (TK_E / TK_G) == 0;
+#else
+constexpr bool RUN8 = false;
+#endif
+constexpr int A = RUN8 ? 8 : 4;
+constexpr u32 VW = 32 * A;                   // experts per row vector
+constexpr int N = A * ((TK_E + VW - 1) / VW);  // row slots per lane
 constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
 constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
 constexpr bool SOFTMAX = TK_SCORING == 2;
@@ -70,11 +83,11 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #if TK_G > 0
     constexpr u32 G = TK_G, PG = TK_E / TK_G;
-    // Groups in registers: every 4-element run of a lane lies in one group and a group's part of
-    // each 128-element row vector is held by C = PG / 4 consecutive lanes (PG a power of two,
-    // 4 <= PG <= 128), so lane l holds group i * (128 / PG) + l / C in vector i. Otherwise the
+    // Groups in registers: every A-element run of a lane lies in one group and a group's part of
+    // each VW-element row vector is held by C = PG / A consecutive lanes (PG a power of two,
+    // A <= PG <= VW), so lane l holds group i * (VW / PG) + l / C in vector i. Otherwise the
     // keys go through shared memory (group_keys).
-    constexpr bool REG_GROUPS = G <= 32 && PG % 4 == 0 && 128 % PG == 0;
+    constexpr bool REG_GROUPS = G <= 32 && PG % A == 0 && VW % PG == 0;
     constexpr int NG = (TK_G + 31) / 32;
     constexpr u32 L = lanes_per_group(G, PG);
     __shared__ float skey[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : E];  // per warp: keys (E,)
@@ -84,19 +97,19 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     float b[N];  // (N,) this lane's bias values, the same for every token
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-        const u32 j = slot_index<4>(i, lane);
+        const u32 j = slot_index<A>(i, lane);
         b[i] = j < E ? __ldg(bias + j * bs) : 0.0f;
     }
     const u64 warps = (u64)gridDim.x * TK_WARPS;
     const float pad = SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f;
     u64 t = (u64)blockIdx.x * TK_WARPS + warp;
     float xn[N];  // (N,) this lane's logits of token t, loaded one token ahead
-    if (t < T) load_row<N>(xn, logits + t * ld, E, lane, vec != 0, pad);
+    if (t < T) load_row<A, N>(xn, logits + t * ld, E, lane, vec != 0, pad);
     for (; t < T; t += warps) {
         float x[N];  // (N,) this lane's logits
 #pragma unroll
         for (int i = 0; i < N; ++i) x[i] = xn[i];
-        if (t + warps < T) load_row<N>(xn, logits + (t + warps) * ld, E, lane, vec != 0, pad);
+        if (t + warps < T) load_row<A, N>(xn, logits + (t + warps) * ld, E, lane, vec != 0, pad);
         i64* io = idx + t * P;                                 // (P,)
         float* wo = w + t * P;                                 // (P,)
         i64* uo = unmapped ? unmapped + t * ldu : nullptr;     // (K,)
@@ -122,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
             float zl = 0.0f;
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-                s[i] = slot_index<4>(i, lane) < E ? exp_f32(__fsub_rn(x[i], m)) : 0.0f;
+                s[i] = slot_index<A>(i, lane) < E ? exp_f32(__fsub_rn(x[i], m)) : 0.0f;
                 zl = __fadd_rn(zl, s[i]);  // + 0.0 for padding is exact
             }
 #pragma unroll
@@ -139,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
 #endif
 #pragma unroll
             for (int i = 0; i < N; ++i)
-                if (slot_index<4>(i, lane) >= E) s[i] = 0.0f;  // padding
+                if (slot_index<A>(i, lane) >= E) s[i] = 0.0f;  // padding
         }
 
         const bool fixed = fix && fix[t * fs] != 0;
@@ -154,19 +167,19 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
         if (!fixed) {
             u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
 #if TK_G > 0
-            constexpr int NV = N / 4;
-            Top2 top[NV];  // (NV,) this lane's top-2 of each 4-element run (REG_GROUPS)
+            constexpr int NV = N / A;
+            KeyTop2 top[NV];  // (NV,) this lane's top-2 keys of each A-element run (REG_GROUPS)
 #endif
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-                const u32 j = slot_index<4>(i, lane);
+                const u32 j = slot_index<A>(i, lane);
                 key[i] = NONE;
                 if (j < E) {
                     const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], b[i]);
                     key[i] = order_key(kf);
 #if TK_G > 0
                     if constexpr (REG_GROUPS)
-                        top[i / 4].insert(key[i], kf);
+                        top[i / A].insert(key[i]);
                     else
                         skey[warp][j] = kf;
 #endif
@@ -175,13 +188,13 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
 #if TK_G > 0
             // Group-limited routing: keep the GK best groups by top-2 sums.
             if constexpr (REG_GROUPS) {
-                constexpr u32 C = PG / 4, GPV = 128 / PG;  // lanes per group run, groups per vector
+                constexpr u32 C = PG / A, GPV = VW / PG;  // lanes per group run, groups per vector
                 u32 gkey[NV];  // (NV,) the key of group v * GPV + lane / C (NONE past G)
 #pragma unroll
                 for (int v = 0; v < NV; ++v) {
 #pragma unroll
                     for (u32 off = 1; off < C; off *= 2) top[v].merge_xor(off);
-                    gkey[v] = v * GPV + lane / C < G ? top[v].template score_key<2>() : NONE;
+                    gkey[v] = v * GPV + lane / C < G ? top[v].sum_key() : NONE;
                 }
                 // Lane q < G takes group q's key (slot q / GPV of lane (q % GPV) * C) and ranks
                 // it against all G keys at once (higher key first, then the smaller group); the
@@ -201,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                 const u32 kept = __ballot_sync(FULL, lane < G && rank < TK_GK);  // bit q: kept
 #pragma unroll
                 for (int i = 0; i < N; ++i) {
-                    const u32 q = (i / 4) * GPV + lane / C;
+                    const u32 q = (i / A) * GPV + lane / C;
                     if (q >= G || ((kept >> q) & 1u) == 0) key[i] = NONE;  // not kept
                 }
             } else {
@@ -222,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                 }
 #pragma unroll
                 for (int i = 0; i < N; ++i) {
-                    const u32 j = slot_index<4>(i, lane);
+                    const u32 j = slot_index<A>(i, lane);
                     if (j < E) {
                         const u32 q = j / PG;
                         if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept

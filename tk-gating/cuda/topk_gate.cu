@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         i64* o = out + t * K;                // (K,)
 #if TK_NV > 0
         float x[N];  // (NV vectors, 4): this lane's elements of the row
-        load_row<N>(x, row, E, lane, vec != 0, 0.0f);
+        load_row<4, N>(x, row, E, lane, vec != 0, 0.0f);
         u32 key[N];  // order keys, NONE past the row end
 #pragma unroll
         for (int s = 0; s < N; ++s) key[s] = slot_index<4>(s, lane) < E ? order_key(x[s]) : NONE;
