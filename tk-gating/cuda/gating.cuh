@@ -9,8 +9,8 @@
 // * Scores exactly as scoring.rs: exp and log1p in double precision rounded once to fp32 (the
 //   construction of tk_core::math), every other step one IEEE fp32 operation (_rn intrinsics,
 //   so no FMA contraction).
-// * Row layout of a warp: lane `l` owns elements i*128 + 4l + v (v < 4) of a row, i.e. slot
-//   s = 4i + v holds element (s/4)*128 + 4l + s%4; this is the order of scoring.rs warp_sum.
+// * Row layout of a warp: lane `l` owns runs of A consecutive elements, slot s = A*i + v
+//   holding element i*32A + A*l + v (slot_index<A>); A = 4 is the order of scoring.rs warp_sum.
 #pragma once
 #include "tk/common.cuh"
 
@@ -59,6 +59,19 @@ __device__ __forceinline__ u32 slot_index(int s, u32 lane) {
 // remaining slots. Rescans run only in rounds where the winner needs one (warp vote), so a
 // round costs a few instructions instead of a scan of all N slots. Every take() needs a
 // candidate left somewhere.
+// A running top-2 of (order key, element index) candidates offered in increasing index order
+// (k1 >= k2; NONE = empty): strict > keeps the first of equal keys, as warp selection orders them.
+struct IdxTop2 {
+    u32 k1 = NONE, j1 = NO_INDEX, k2 = NONE, j2 = NO_INDEX;
+    __device__ __forceinline__ void insert(u32 k, u32 j) {
+        const bool g1 = k > k1, g2 = k > k2;
+        k2 = g1 ? k1 : (g2 ? k : k2);
+        j2 = g1 ? j1 : (g2 ? j : j2);
+        k1 = g1 ? k : k1;
+        j1 = g1 ? j : j1;
+    }
+};
+
 struct Pick {
     u32 key, idx;
     float val;
@@ -75,6 +88,11 @@ struct WarpSelect {
     __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l)
         : key(k), val(v), lane(l) {
         cache<true>(0u, 0u);
+    }
+    // Starts from the lane's top-2 candidates when the caller already has them (no scores).
+    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l, const IdxTop2& t)
+        : key(k), val(v), lane(l), k1(t.k1), j1(t.j1), k2(t.k2), j2(t.j2) {
+        static_assert(!VAL, "no scores in an IdxTop2");
     }
 
     // The top-2 of this lane's slots (ALL) or of those ranked after (pk, pj); strict > keeps
@@ -308,10 +326,6 @@ __device__ __forceinline__ float value_of_key(u32 k) {
 }
 struct KeyTop2 {
     u32 k1 = NONE, k2 = NONE;
-    __device__ __forceinline__ void insert(u32 k) {
-        k2 = max(k2, min(k1, k));
-        k1 = max(k1, k);
-    }
     // Merges another lane's top-2 (lane ^ off) into this one.
     __device__ __forceinline__ void merge_xor(u32 off) {
         const u32 o1 = __shfl_xor_sync(FULL, k1, off), o2 = __shfl_xor_sync(FULL, k2, off);

@@ -9,18 +9,21 @@
 // Run-time options (null pointers when absent): mask, fix_routing_mask + unmapped_topk_idx,
 // to_physical_map + logical_count; S shared slots; the EP/TP ranks.
 //
-// Per token: the logits row is loaded into registers (lane l owns experts i*128 + 4l + v, 16-byte
-// loads when aligned), one token ahead: the grid is at most one resident wave and each warp
-// prefetches its next token's row while routing the current one; scores as scoring.rs
-// (double-precision exp/log1p rounded once to fp32, IEEE fp32 for the rest; softmax's Z summed
-// per lane in slot order, then an XOR butterfly 16..1);
-// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
+// Per token: the logits row is loaded into registers (lane l owns runs of A = 4 or 8 experts,
+// run i at expert i*32A + lA, see RUN8 below; 16-byte loads when aligned), one token ahead: the
+// grid is at most one resident wave and each warp prefetches its next token's row while routing
+// the current one; scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
+// fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1).
+// Sigmoid scoring is straight-line (gating.cuh sigmoid_n: CUDA's double exp main path on
+// clamped arguments, the fast path of IEEE division), so the lane's exp chains interleave.
+// Ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
 // scored by their top-2 sums and the GK best kept; experts of the other groups stop being
-// candidates. Power-of-two groups of 4..128 experts (G <= 32) stay in registers (REG_GROUPS
-// below: per-run top-2s merged with shuffles, all groups ranked at once); other shapes go through
-// shared memory (group_keys, then GK warp rounds). K warp rounds pick the experts (WarpSelect,
-// gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
-// weight denominator 1e-20 + s0 + s1 + ... in slot order. Lane r % 32 then writes slot r: weight
+// candidates. Power-of-two groups of A..32A experts (G <= 32) stay in registers (REG_GROUPS
+// below: per-run top-2 keys merged with shuffles, all groups ranked at once); other shapes go
+// through shared memory (group_keys, then GK warp rounds). K warp rounds pick the experts
+// (WarpSelect, gating.cuh, on keys only); the score of each pick is read back from the warp's
+// copy of the scores in shared memory (one broadcast load), so every lane accumulates the weight
+// denominator 1e-20 + s0 + s1 + ... in pick order. Lane r % 32 then writes slot r: weight
 // (s / den) * rsf (1.0 for shared slots), replica (64-bit), EP/TP masking.
 #include "gating.cuh"
 
@@ -52,6 +55,15 @@ constexpr int N = A * ((TK_E + VW - 1) / VW);  // row slots per lane
 constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
 constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
 constexpr bool SOFTMAX = TK_SCORING == 2;
+// Groups in registers: every A-element run of a lane lies in one group and a group's part of
+// each VW-element row vector is held by C = PG / A consecutive lanes (PG = E / G a power of two,
+// A <= PG <= VW), so lane l holds group i * (VW / PG) + l / C in vector i. Otherwise the keys go
+// through shared memory (group_keys).
+#if TK_G > 0
+constexpr bool REG_GROUPS = TK_G <= 32 && (TK_E / TK_G) % A == 0 && VW % (TK_E / TK_G) == 0;
+#else
+constexpr bool REG_GROUPS = false;
+#endif
 // Blocks per SM the register budget must allow: on sm_90, 8 (64 registers, 32 warps to hide
 // the latency of the exp/log1p chains) for elementwise scores on rows of 4 or 8 full slots per
 // lane, which fit without spilling; 4 otherwise (softmax and longer or ragged rows need more
@@ -83,16 +95,12 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #if TK_G > 0
     constexpr u32 G = TK_G, PG = TK_E / TK_G;
-    // Groups in registers: every A-element run of a lane lies in one group and a group's part of
-    // each VW-element row vector is held by C = PG / A consecutive lanes (PG a power of two,
-    // A <= PG <= VW), so lane l holds group i * (VW / PG) + l / C in vector i. Otherwise the
-    // keys go through shared memory (group_keys).
-    constexpr bool REG_GROUPS = G <= 32 && PG % A == 0 && VW % PG == 0;
     constexpr int NG = (TK_G + 31) / 32;
     constexpr u32 L = lanes_per_group(G, PG);
     __shared__ float skey[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : E];  // per warp: keys (E,)
     __shared__ u32 sgroup[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : G];  // per warp: group keys
 #endif
+    __shared__ float sscore[TK_WARPS][N * 32];  // per warp: the scores of the token (row layout)
     const u32 P = K + S;
     float b[N];  // (N,) this lane's bias values, the same for every token
 #pragma unroll
@@ -165,10 +173,16 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
             ss[c] = 0.0f;
         }
         if (!fixed) {
+            // The scores go to shared memory now, so that they need no registers from here on.
+            __syncwarp();  // the previous token's reads of sscore are done
+#pragma unroll
+            for (int i = 0; i < N; ++i) sscore[warp][slot_index<A>(i, lane)] = s[i];
+            __syncwarp();
             u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
+            IdxTop2 first;  // REG_GROUPS: the lane's top-2 candidates, known before selection
 #if TK_G > 0
             constexpr int NV = N / A;
-            KeyTop2 top[NV];  // (NV,) this lane's top-2 keys of each A-element run (REG_GROUPS)
+            IdxTop2 top[NV];  // (NV,) this lane's top-2 candidates of each A-element run (REG_GROUPS)
 #endif
 #pragma unroll
             for (int i = 0; i < N; ++i) {
@@ -179,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                     key[i] = order_key(kf);
 #if TK_G > 0
                     if constexpr (REG_GROUPS)
-                        top[i / A].insert(key[i]);
+                        top[i / A].insert(key[i], j);
                     else
                         skey[warp][j] = kf;
 #endif
@@ -192,9 +206,10 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                 u32 gkey[NV];  // (NV,) the key of group v * GPV + lane / C (NONE past G)
 #pragma unroll
                 for (int v = 0; v < NV; ++v) {
+                    KeyTop2 g{top[v].k1, top[v].k2};
 #pragma unroll
-                    for (u32 off = 1; off < C; off *= 2) top[v].merge_xor(off);
-                    gkey[v] = v * GPV + lane / C < G ? top[v].sum_key() : NONE;
+                    for (u32 off = 1; off < C; off *= 2) g.merge_xor(off);
+                    gkey[v] = v * GPV + lane / C < G ? g.sum_key() : NONE;
                 }
                 // Lane q < G takes group q's key (slot q / GPV of lane (q % GPV) * C) and ranks
                 // it against all G keys at once (higher key first, then the smaller group); the
@@ -212,10 +227,18 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                     rank += (kq > mine || (kq == mine && q < lane)) ? 1u : 0u;
                 }
                 const u32 kept = __ballot_sync(FULL, lane < G && rank < TK_GK);  // bit q: kept
+                // Experts of the other groups stop being candidates; the lane's top-2 candidates are
+                // those of its kept runs, merged in run (= expert) order.
 #pragma unroll
-                for (int i = 0; i < N; ++i) {
-                    const u32 q = (i / A) * GPV + lane / C;
-                    if (q >= G || ((kept >> q) & 1u) == 0) key[i] = NONE;  // not kept
+                for (int v = 0; v < NV; ++v) {
+                    const u32 q = v * GPV + lane / C;
+                    if (q >= G || ((kept >> q) & 1u) == 0) {  // not kept
+#pragma unroll
+                        for (int i = v * A; i < (v + 1) * A; ++i) key[i] = NONE;
+                    } else {
+                        first.insert(top[v].k1, top[v].j1);
+                        first.insert(top[v].k2, top[v].j2);
+                    }
                 }
             } else {
                 __syncwarp();
@@ -244,16 +267,23 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                 __syncwarp();  // shared memory reads done before the next token's writes
             }
 #endif
-            // K rounds of expert selection, best first.
-            WarpSelect<4, N, true> pick(key, s, lane);
+            // K rounds of expert selection, best first; the scores of the picks are read back from
+            // sscore (one broadcast load), so the lanes' cached top-2s carry no scores.
+            auto pick = [&]() {
+                if constexpr (REG_GROUPS)
+                    return WarpSelect<A, N, false>(key, s, lane, first);
+                else
+                    return WarpSelect<A, N, false>(key, s, lane);
+            }();
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
                     const Pick p = pick.take();
-                    den = __fadd_rn(den, p.val);
+                    const float v = sscore[warp][p.idx];
+                    den = __fadd_rn(den, v);
                     if (lane == rr) {
                         sel[c] = p.idx;
-                        ss[c] = p.val;
+                        ss[c] = v;
                     }
                 }
             }

@@ -3,10 +3,10 @@
 //! kernel specialisation the crate's tests, benches and the DeepSeek-V3 / V4 configurations use.
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
+use tk_core::error::DriverContext;
 pub(crate) use tk_core::validate::{
     check_contiguous as check_out, check_same_device as check_device,
 };
-use tk_core::error::DriverContext;
 use tk_core::{Device, KernelSpec, Result, TkError};
 
 use crate::scoring::ScoringFunc;
