@@ -52,23 +52,52 @@ __device__ __forceinline__ u32 slot_index(int s, u32 lane) {
 // (key, index), ties to the smaller element index, and takes it out. Lane `lane` owns slot s,
 // element slot_index<A>(s, lane), with key[s] (NONE: not a candidate) and, when VAL, val[s];
 // slots are in increasing element order and the arrays are not changed while selecting.
-// Each lane caches the first two of its remaining slots (its "top-2"); a round reduces the
+// Each lane caches the first D of its remaining slots (its "top-D", D >= 2); a round reduces the
 // lanes' firsts (max key, then min index: two redux.sync), the owner's value is broadcast,
-// and the winning lane moves its second up. A lane that wins with no second cached rescans its
-// slots ranked after that pick: its picks come in its own order, so those are exactly its
-// remaining slots. Rescans run only in rounds where the winner needs one (warp vote), so a
-// round costs a few instructions instead of a scan of all N slots. Every take() needs a
-// candidate left somewhere.
-// A running top-2 of (order key, element index) candidates offered in increasing index order
-// (k1 >= k2; NONE = empty): strict > keeps the first of equal keys, as warp selection orders them.
-struct IdxTop2 {
-    u32 k1 = NONE, j1 = NO_INDEX, k2 = NONE, j2 = NO_INDEX;
-    __device__ __forceinline__ void insert(u32 k, u32 j) {
-        const bool g1 = k > k1, g2 = k > k2;
-        k2 = g1 ? k1 : (g2 ? k : k2);
-        j2 = g1 ? j1 : (g2 ? j : j2);
-        k1 = g1 ? k : k1;
-        j1 = g1 ? j : j1;
+// and the winning lane moves its cache up. A lane that wins D times since its last scan has no
+// known next candidate and rescans its slots ranked after that pick: its picks come in its own
+// order, so those are exactly its remaining slots. Rescans run only in rounds where the winner
+// needs one (warp vote), so a round costs a few instructions instead of a scan of all N slots; a
+// deeper cache costs a few instructions per slot and per round and makes rescans rarer. Every
+// take() needs a candidate left somewhere.
+
+// A running top-D of (order key, element index[, value]) candidates offered in increasing index
+// order (k[0] >= k[1] >= ...; NONE = empty): strict > keeps the first of equal keys, as warp
+// selection orders them.
+template <int D, bool VAL = false>
+struct IdxTop {
+    u32 k[D], j[D];
+    float v[D];  // only when VAL
+    __device__ __forceinline__ IdxTop() {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            k[d] = NONE;
+            j[d] = NO_INDEX;
+            v[d] = 0.0f;
+        }
+    }
+    __device__ __forceinline__ void insert(u32 kk, u32 jj, float vv = 0.0f) {
+        bool g[D];  // kk goes above entry d (monotone in d: the keys are sorted)
+#pragma unroll
+        for (int d = 0; d < D; ++d) g[d] = kk > k[d];
+#pragma unroll
+        for (int d = D - 1; d >= 0; --d) {
+            const bool up = d > 0 && g[d > 0 ? d - 1 : 0];  // entry d - 1 moves down to d
+            k[d] = up ? k[d > 0 ? d - 1 : 0] : (g[d] ? kk : k[d]);
+            j[d] = up ? j[d > 0 ? d - 1 : 0] : (g[d] ? jj : j[d]);
+            if (VAL) v[d] = up ? v[d > 0 ? d - 1 : 0] : (g[d] ? vv : v[d]);
+        }
+    }
+    // Takes the first entry out: the others move up, the last becomes (NONE, last_j).
+    __device__ __forceinline__ void pop(u32 last_j) {
+#pragma unroll
+        for (int d = 0; d + 1 < D; ++d) {
+            k[d] = k[d + 1];
+            j[d] = j[d + 1];
+            v[d] = v[d + 1];
+        }
+        k[D - 1] = NONE;
+        j[D - 1] = last_j;
     }
 };
 
@@ -76,70 +105,54 @@ struct Pick {
     u32 key, idx;
     float val;
 };
-template <int A, int N, bool VAL>
+template <int A, int N, bool VAL, int D = 2>
 struct WarpSelect {
+    static_assert(D >= 2, "a cache of at least two");
     const u32 (&key)[N];
     const float (&val)[N];
     const u32 lane;
-    u32 k1 = NONE, j1 = NO_INDEX, k2 = NONE, j2 = NO_INDEX;  // first and second remaining slot
-    float v1 = 0.0f, v2 = 0.0f;
-    bool has2 = true;  // (k2, j2, v2) is known (NONE: the lane has no second)
+    // The lane's first remaining slots, best first; (NONE, NO_INDEX) entries: no more slots,
+    // (NONE, UNKNOWN): not known (moved up by the lane's wins since its last scan).
+    IdxTop<D, VAL> c;
+    static constexpr u32 UNKNOWN = NO_INDEX - 1;
 
     __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l)
         : key(k), val(v), lane(l) {
         cache<true>(0u, 0u);
     }
-    // Starts from the lane's top-2 candidates when the caller already has them (no scores).
-    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l, const IdxTop2& t)
-        : key(k), val(v), lane(l), k1(t.k1), j1(t.j1), k2(t.k2), j2(t.j2) {
-        static_assert(!VAL, "no scores in an IdxTop2");
+    // Starts from the lane's top-D candidates when the caller already has them (no scores).
+    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l, const IdxTop<D>& t)
+        : key(k), val(v), lane(l) {
+        static_assert(!VAL, "no scores in an IdxTop");
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            c.k[d] = t.k[d];
+            c.j[d] = t.j[d];
+        }
     }
 
-    // The top-2 of this lane's slots (ALL) or of those ranked after (pk, pj); strict > keeps
-    // the first (smallest index) of equal keys.
+    // The top-D of this lane's slots (ALL) or of those ranked after (pk, pj).
     template <bool ALL>
     __device__ __forceinline__ void cache(u32 pk, u32 pj) {
-        k1 = k2 = NONE;
-        j1 = j2 = NO_INDEX;
+        c = IdxTop<D, VAL>();
 #pragma unroll
         for (int s = 0; s < N; ++s) {
             const u32 j = slot_index<A>(s, lane);
             const u32 k = (ALL || ranks_after(key[s], j, pk, pj)) ? key[s] : NONE;
-            if (k > k1) {
-                k2 = k1;
-                j2 = j1;
-                k1 = k;
-                j1 = j;
-                if (VAL) {
-                    v2 = v1;
-                    v1 = val[s];
-                }
-            } else if (k > k2) {
-                k2 = k;
-                j2 = j;
-                if (VAL) v2 = val[s];
-            }
+            c.insert(k, j, VAL ? val[s] : 0.0f);
         }
-        has2 = true;
     }
 
     __device__ __forceinline__ Pick take() {
-        const u32 k = __reduce_max_sync(FULL, k1);
-        const u32 wj = __reduce_min_sync(FULL, k1 == k ? j1 : NO_INDEX);
+        const u32 k = __reduce_max_sync(FULL, c.k[0]);
+        const u32 wj = __reduce_min_sync(FULL, c.k[0] == k ? c.j[0] : NO_INDEX);
         float v = 0.0f;
-        if (VAL) v = __shfl_sync(FULL, v1, (wj / A) % 32u);
-        const bool won = j1 == wj;  // lanes own distinct elements: only the owner matches
-        const bool rescan = won && !has2;
-        if (won) {
-            k1 = k2;
-            j1 = j2;
-            v1 = v2;
-            k2 = NONE;
-            j2 = NO_INDEX;
-            has2 = false;
-        }
-        // With N <= 2 the first cache held every slot: an unknown second means none is left.
-        if (N > 2 && __any_sync(FULL, rescan)) {
+        if (VAL) v = __shfl_sync(FULL, c.v[0], (wj / A) % 32u);
+        const bool won = c.j[0] == wj;  // lanes own distinct elements: only the owner matches
+        if (won) c.pop(UNKNOWN);
+        const bool rescan = won && c.j[0] == UNKNOWN;
+        // With N <= D the first cache held every slot: an unknown next means none is left.
+        if (N > D && __any_sync(FULL, rescan)) {
             if (rescan) cache<false>(k, wj);
         }
         return {k, wj, v};
