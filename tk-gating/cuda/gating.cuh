@@ -50,42 +50,43 @@ __device__ __forceinline__ u32 slot_index(int s, u32 lane) {
 
 // Warp selection over register slots: each take() returns the warp's best remaining
 // (key, index), ties to the smaller element index, and takes it out. Lane `lane` owns slot s,
-// element slot_index<A>(s, lane), with key[s] (NONE: not a candidate) and, when VAL, val[s];
-// slots are in increasing element order and the arrays are not changed while selecting.
-// Each lane caches the first D of its remaining slots (its "top-D", D >= 2); a round reduces the
-// lanes' firsts (max key, then min index: two redux.sync), the owner's value is broadcast,
-// and the winning lane moves its cache up. A lane that wins D times since its last scan has no
-// known next candidate and rescans its slots ranked after that pick: its picks come in its own
-// order, so those are exactly its remaining slots. Rescans run only in rounds where the winner
-// needs one (warp vote), so a round costs a few instructions instead of a scan of all N slots; a
-// deeper cache costs a few instructions per slot and per round and makes rescans rarer. Every
-// take() needs a candidate left somewhere.
+// element slot_index<A>(s, lane), with key[s] (NONE: not a candidate); slots are in increasing
+// element order and the keys are not changed while selecting. Each lane caches the first D of
+// its remaining slots (its "top-D", D >= 2); a round reduces the lanes' firsts (max key, then
+// min index: two redux.sync) and the winning lane moves its cache up. A lane that wins D times
+// since its last scan has no known next candidate and rescans its slots ranked after that pick:
+// its picks come in its own order, so those are exactly its remaining slots. Rescans run only in
+// rounds where the winner needs one (warp vote), so a round costs a few instructions instead of
+// a scan of all N slots; a deeper cache costs a few instructions per slot and per round and
+// makes rescans rarer. Every take() needs a candidate left somewhere.
 
-// A running top-D of (order key, element index[, value]) candidates offered in increasing index
-// order (k[0] >= k[1] >= ...; NONE = empty): strict > keeps the first of equal keys, as warp
-// selection orders them.
-template <int D, bool VAL = false>
+// A running top-D of (order key, element index) candidates offered in increasing index order
+// (k[0] >= k[1] >= ...; NONE = empty): strict > keeps the first of equal keys, as warp selection
+// orders them.
+template <int D>
 struct IdxTop {
     u32 k[D], j[D];
-    float v[D];  // only when VAL
     __device__ __forceinline__ IdxTop() {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             k[d] = NONE;
             j[d] = NO_INDEX;
-            v[d] = 0.0f;
         }
     }
-    __device__ __forceinline__ void insert(u32 kk, u32 jj, float vv = 0.0f) {
-        bool g[D];  // kk goes above entry d (monotone in d: the keys are sorted)
+    __device__ __forceinline__ void insert(u32 kk, u32 jj) {
 #pragma unroll
-        for (int d = 0; d < D; ++d) g[d] = kk > k[d];
-#pragma unroll
-        for (int d = D - 1; d >= 0; --d) {
-            const bool up = d > 0 && g[d > 0 ? d - 1 : 0];  // entry d - 1 moves down to d
-            k[d] = up ? k[d > 0 ? d - 1 : 0] : (g[d] ? kk : k[d]);
-            j[d] = up ? j[d > 0 ? d - 1 : 0] : (g[d] ? jj : j[d]);
-            if (VAL) v[d] = up ? v[d > 0 ? d - 1 : 0] : (g[d] ? vv : v[d]);
+        for (int d = D - 1; d > 0; --d) {  // entry d - 1 moves down, or kk lands at d
+            if (kk > k[d - 1]) {
+                k[d] = k[d - 1];
+                j[d] = j[d - 1];
+            } else if (kk > k[d]) {
+                k[d] = kk;
+                j[d] = jj;
+            }
+        }
+        if (kk > k[0]) {
+            k[0] = kk;
+            j[0] = jj;
         }
     }
     // Takes the first entry out: the others move up, the last becomes (NONE, last_j).
@@ -94,7 +95,6 @@ struct IdxTop {
         for (int d = 0; d + 1 < D; ++d) {
             k[d] = k[d + 1];
             j[d] = j[d + 1];
-            v[d] = v[d + 1];
         }
         k[D - 1] = NONE;
         j[D - 1] = last_j;
@@ -103,51 +103,35 @@ struct IdxTop {
 
 struct Pick {
     u32 key, idx;
-    float val;
 };
-template <int A, int N, bool VAL, int D = 2>
+template <int A, int N, int D = 2>
 struct WarpSelect {
     static_assert(D >= 2, "a cache of at least two");
     const u32 (&key)[N];
-    const float (&val)[N];
     const u32 lane;
     // The lane's first remaining slots, best first; (NONE, NO_INDEX) entries: no more slots,
     // (NONE, UNKNOWN): not known (moved up by the lane's wins since its last scan).
-    IdxTop<D, VAL> c;
+    IdxTop<D> c;
     static constexpr u32 UNKNOWN = NO_INDEX - 1;
 
-    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l)
-        : key(k), val(v), lane(l) {
-        cache<true>(0u, 0u);
-    }
-    // Starts from the lane's top-D candidates when the caller already has them (no scores).
-    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], const float (&v)[N], u32 l, const IdxTop<D>& t)
-        : key(k), val(v), lane(l) {
-        static_assert(!VAL, "no scores in an IdxTop");
-#pragma unroll
-        for (int d = 0; d < D; ++d) {
-            c.k[d] = t.k[d];
-            c.j[d] = t.j[d];
-        }
-    }
+    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], u32 l) : key(k), lane(l) { cache<true>(0u, 0u); }
+    // Starts from the lane's top-D candidates when the caller already has them.
+    __device__ __forceinline__ WarpSelect(const u32 (&k)[N], u32 l, const IdxTop<D>& t) : key(k), lane(l), c(t) {}
 
     // The top-D of this lane's slots (ALL) or of those ranked after (pk, pj).
     template <bool ALL>
     __device__ __forceinline__ void cache(u32 pk, u32 pj) {
-        c = IdxTop<D, VAL>();
+        c = IdxTop<D>();
 #pragma unroll
         for (int s = 0; s < N; ++s) {
             const u32 j = slot_index<A>(s, lane);
-            const u32 k = (ALL || ranks_after(key[s], j, pk, pj)) ? key[s] : NONE;
-            c.insert(k, j, VAL ? val[s] : 0.0f);
+            c.insert((ALL || ranks_after(key[s], j, pk, pj)) ? key[s] : NONE, j);
         }
     }
 
     __device__ __forceinline__ Pick take() {
         const u32 k = __reduce_max_sync(FULL, c.k[0]);
         const u32 wj = __reduce_min_sync(FULL, c.k[0] == k ? c.j[0] : NO_INDEX);
-        float v = 0.0f;
-        if (VAL) v = __shfl_sync(FULL, c.v[0], (wj / A) % 32u);
         const bool won = c.j[0] == wj;  // lanes own distinct elements: only the owner matches
         if (won) c.pop(UNKNOWN);
         const bool rescan = won && c.j[0] == UNKNOWN;
@@ -155,7 +139,7 @@ struct WarpSelect {
         if (N > D && __any_sync(FULL, rescan)) {
             if (rescan) cache<false>(k, wj);
         }
-        return {k, wj, v};
+        return {k, wj};
     }
 };
 
@@ -174,7 +158,7 @@ struct Best {
     __device__ __forceinline__ Pick warp_pick() const {
         const u32 k = __reduce_max_sync(FULL, key);
         const u32 j = __reduce_min_sync(FULL, key == k ? idx : NO_INDEX);
-        return {k, j, 0.0f};
+        return {k, j};
     }
 };
 

@@ -33,10 +33,14 @@ using namespace tkg;
 
 constexpr u32 E = TK_E, K = TK_K;
 constexpr int NV = TK_NV, N = 4 * NV;
+// Blocks per SM the register budget must allow: for rows of 1 or 2 vectors per lane (E <= 256),
+// which fit in 32 registers without spilling, 2048 threads' worth (all 64 warps of an SM
+// resident: T = 8001 then runs in one wave); otherwise the compiler's choice.
+constexpr int MIN_BLOCKS = (NV == 1 || NV == 2) ? 2048 / (TK_WARPS * 32) : 1;
 
 // out: (T, K) int64 contiguous; scores: (T, E) fp32, row stride ld (elements), unit columns.
 // vec: scores and ld allow 16-byte loads of row vectors.
-extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     tk_topk_gate(i64* __restrict__ out, const float* __restrict__ scores, u64 ld, u32 T, u32 vec) {
     const u32 lane = threadIdx.x % 32;
     const u64 warps = (u64)gridDim.x * TK_WARPS;
@@ -52,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
 #endif
         u32 mine = 0;
 #if TK_NV > 0
-        WarpSelect<4, N, false> sel(key, x, lane);
+        WarpSelect<4, N> sel(key, lane);
 #else
         u32 pk = FIRST_KEY, pj = FIRST_IDX;  // the last pick
 #endif
