@@ -130,11 +130,14 @@ struct WarpSelect {
     }
 
     __device__ __forceinline__ Pick take() {
+        // Whether a win leaves this lane without a known next (pop moves c.j[1] up); taken
+        // before the reductions, so the vote below waits on one test instead of on the pop.
+        const bool dry = c.j[1] == UNKNOWN;
         const u32 k = __reduce_max_sync(FULL, c.k[0]);
         const u32 wj = __reduce_min_sync(FULL, c.k[0] == k ? c.j[0] : NO_INDEX);
         const bool won = c.j[0] == wj;  // lanes own distinct elements: only the owner matches
         if (won) c.pop(UNKNOWN);
-        const bool rescan = won && c.j[0] == UNKNOWN;
+        const bool rescan = won && dry;
         // With N <= D the first cache held every slot: an unknown next means none is left.
         if (N > D && __any_sync(FULL, rescan)) {
             if (rescan) cache<false>(k, wj);

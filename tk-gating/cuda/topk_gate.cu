@@ -37,6 +37,9 @@ constexpr int NV = TK_NV, N = 4 * NV;
 // which fit in 32 registers without spilling, 2048 threads' worth (all 64 warps of an SM
 // resident: T = 8001 then runs in one wave); otherwise the compiler's choice.
 constexpr int MIN_BLOCKS = (NV == 1 || NV == 2) ? 2048 / (TK_WARPS * 32) : 1;
+// The pick rounds of the register path are unrolled for up to 16 picks: the rounds' lane tests
+// and the store of the picks become constants, and the compiler schedules across rounds.
+constexpr int PICK_UNROLL = (NV > 0 && K <= 16) ? (int)K : 1;
 
 // out: (T, K) int64 contiguous; scores: (T, E) fp32, row stride ld (elements), unit columns.
 // vec: scores and ld allow 16-byte loads of row vectors.
@@ -60,6 +63,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
 #else
         u32 pk = FIRST_KEY, pj = FIRST_IDX;  // the last pick
 #endif
+#pragma unroll PICK_UNROLL
         for (u32 r = 0; r < K; ++r) {
 #if TK_NV > 0
             const Pick p = sel.take();
