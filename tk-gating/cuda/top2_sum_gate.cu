@@ -59,6 +59,9 @@ constexpr int N = A * ((TK_E + VW - 1) / VW);  // row slots per lane
 #define TK_SEL_DEPTH 3
 #endif
 constexpr int SD = TK_SEL_DEPTH;
+// The expert selection rounds are unrolled for up to 16 picks (the lane test and the loop
+// counter of each round become constants; a round's rescan stays behind its vote).
+constexpr int SEL_UNROLL = TK_K <= 16 ? TK_K : 1;
 constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
 constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
 constexpr bool SOFTMAX = TK_SCORING == 2;
@@ -293,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
             }();
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
+#pragma unroll SEL_UNROLL
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
                     const Pick p = pick.take();
                     const float v = sscore[warp][p.idx];
