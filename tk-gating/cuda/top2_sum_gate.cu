@@ -9,18 +9,21 @@
 // Run-time options (null pointers when absent): mask, fix_routing_mask + unmapped_topk_idx,
 // to_physical_map + logical_count; S shared slots; the EP/TP ranks.
 //
-// Per token: the logits row is loaded into registers (lane l owns experts i*128 + 4l + v, 16-byte
-// loads when aligned), one token ahead: the grid is at most one resident wave and each warp
-// prefetches its next token's row while routing the current one; scores as scoring.rs
-// (double-precision exp/log1p rounded once to fp32, IEEE fp32 for the rest; softmax's Z summed
-// per lane in slot order, then an XOR butterfly 16..1);
-// ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
+// Per token: the logits row is loaded into registers (lane l owns runs of A = 4 or 8 experts,
+// run i at expert i*32A + lA, see RUN8 below; 16-byte loads when aligned), one token ahead: the
+// grid is at most one resident wave and each warp prefetches its next token's row while routing
+// the current one; scores as scoring.rs (double-precision exp/log1p rounded once to fp32, IEEE
+// fp32 for the rest; softmax's Z summed per lane in slot order, then an XOR butterfly 16..1).
+// Sigmoid scoring is straight-line (gating.cuh sigmoid_n: CUDA's double exp main path on
+// clamped arguments, the fast path of IEEE division), so the lane's exp chains interleave.
+// Ranking keys s + bias (logit + bias for softmax) as order keys. With groups, the groups are
 // scored by their top-2 sums and the GK best kept; experts of the other groups stop being
-// candidates. Power-of-two groups of 4..128 experts (G <= 32) stay in registers (REG_GROUPS
-// below: per-run top-2s merged with shuffles, all groups ranked at once); other shapes go through
-// shared memory (group_keys, then GK warp rounds). K warp rounds pick the experts (WarpSelect,
-// gating.cuh); the scores of the picks are broadcast, so every lane accumulates the
-// weight denominator 1e-20 + s0 + s1 + ... in slot order. Lane r % 32 then writes slot r: weight
+// candidates. Power-of-two groups of A..32A experts (G <= 32) stay in registers (REG_GROUPS
+// below: per-run top-2 keys merged with shuffles, all groups ranked at once); other shapes go
+// through shared memory (group_keys, then GK warp rounds). K warp rounds pick the experts
+// (WarpSelect, gating.cuh, on keys only); the score of each pick is read back from the warp's
+// copy of the scores in shared memory (one broadcast load), so every lane accumulates the weight
+// denominator 1e-20 + s0 + s1 + ... in pick order. Lane r % 32 then writes slot r: weight
 // (s / den) * rsf (1.0 for shared slots), replica (64-bit), EP/TP masking.
 #include "gating.cuh"
 
@@ -35,10 +38,42 @@
 using namespace tkg;
 
 constexpr u32 E = TK_E, K = TK_K;
-constexpr int N = 4 * ((TK_E + 127) / 128);  // row slots per lane
+// Row layout (gating.cuh): lane l owns runs of A consecutive experts, run i of lane l starting
+// at expert i * 32A + lA. A = 8 where it lets every lane's run lie in one group of a
+// register-held grouping (G > 0, elementwise scores, 8 | E / G | 256, 256 | E): then a lane
+// scores one group per 256-expert vector and a group's top-2 merge needs log2(E / G / 8) XOR
+// rounds instead of log2(E / G / 4) per 128-expert vector (DeepSeek-V3: 2 rounds on one run
+// instead of 3 on each of two). Otherwise A = 4 (softmax sums Z in the A = 4 slot order).
+#if TK_G > 0
+constexpr bool RUN8 = TK_SCORING != 2 && TK_E % 256 == 0 && (TK_E / TK_G) % 8 == 0 && 256 % (TK_E / TK_G) == 0;
+#else
+constexpr bool RUN8 = false;
+#endif
+constexpr int A = RUN8 ? 8 : 4;
+constexpr u32 VW = 32 * A;                   // experts per row vector
+constexpr int N = A * ((TK_E + VW - 1) / VW);  // row slots per lane
+// Depth of the lanes' candidate caches in the expert selection (WarpSelect): with 3, a lane
+// rescans its slots only on its 3rd, 6th, ... pick (DeepSeek-V3: K = 8 picks among the 16 lanes
+// of the 4 kept groups: 0.08 rescans per token instead of 1.14 with 2, simulated on normal logits).
+#ifndef TK_SEL_DEPTH
+#define TK_SEL_DEPTH 3
+#endif
+constexpr int SD = TK_SEL_DEPTH;
+// The expert selection rounds are unrolled for up to 16 picks (the lane test and the loop
+// counter of each round become constants; a round's rescan stays behind its vote).
+constexpr int SEL_UNROLL = TK_K <= 16 ? TK_K : 1;
 constexpr int KC = (TK_K + 31) / 32;         // routed slots per lane
 constexpr int PC = (TK_K + 2 + 31) / 32;     // output slots per lane (S <= 2)
 constexpr bool SOFTMAX = TK_SCORING == 2;
+// Groups in registers: every A-element run of a lane lies in one group and a group's part of
+// each VW-element row vector is held by C = PG / A consecutive lanes (PG = E / G a power of two,
+// A <= PG <= VW), so lane l holds group i * (VW / PG) + l / C in vector i. Otherwise the keys go
+// through shared memory (group_keys).
+#if TK_G > 0
+constexpr bool REG_GROUPS = TK_G <= 32 && (TK_E / TK_G) % A == 0 && VW % (TK_E / TK_G) == 0;
+#else
+constexpr bool REG_GROUPS = false;
+#endif
 // Blocks per SM the register budget must allow: on sm_90, 8 (64 registers, 32 warps to hide
 // the latency of the exp/log1p chains) for elementwise scores on rows of 4 or 8 full slots per
 // lane, which fit without spilling; 4 otherwise (softmax and longer or ragged rows need more
@@ -70,33 +105,28 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #if TK_G > 0
     constexpr u32 G = TK_G, PG = TK_E / TK_G;
-    // Groups in registers: every 4-element run of a lane lies in one group and a group's part of
-    // each 128-element row vector is held by C = PG / 4 consecutive lanes (PG a power of two,
-    // 4 <= PG <= 128), so lane l holds group i * (128 / PG) + l / C in vector i. Otherwise the
-    // keys go through shared memory (group_keys).
-    constexpr bool REG_GROUPS = G <= 32 && PG % 4 == 0 && 128 % PG == 0;
     constexpr int NG = (TK_G + 31) / 32;
     constexpr u32 L = lanes_per_group(G, PG);
     __shared__ float skey[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : E];  // per warp: keys (E,)
     __shared__ u32 sgroup[REG_GROUPS ? 1 : TK_WARPS][REG_GROUPS ? 1 : G];  // per warp: group keys
 #endif
+    __shared__ __align__(16) float sscore[TK_WARPS][N * 32];  // per warp: the scores of the token (row layout)
     const u32 P = K + S;
-    float b[N];  // (N,) this lane's bias values, the same for every token
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const u32 j = slot_index<4>(i, lane);
-        b[i] = j < E ? __ldg(bias + j * bs) : 0.0f;
-    }
     const u64 warps = (u64)gridDim.x * TK_WARPS;
     const float pad = SOFTMAX ? -__int_as_float(0x7f800000) : 0.0f;
     u64 t = (u64)blockIdx.x * TK_WARPS + warp;
     float xn[N];  // (N,) this lane's logits of token t, loaded one token ahead
-    if (t < T) load_row<N>(xn, logits + t * ld, E, lane, vec != 0, pad);
+    if (t < T) load_row<A, N>(xn, logits + t * ld, E, lane, vec != 0, pad);
+    // The bias, the same for every token, in shared memory rather than N registers per lane
+    // (filled while the first rows are in flight).
+    __shared__ __align__(16) float sbias[N * 32];  // (32N,) bias (E,), then zeros
+    for (u32 j = threadIdx.x; j < N * 32; j += TK_WARPS * 32) sbias[j] = j < E ? __ldg(bias + j * bs) : 0.0f;
+    __syncthreads();
     for (; t < T; t += warps) {
         float x[N];  // (N,) this lane's logits
 #pragma unroll
         for (int i = 0; i < N; ++i) x[i] = xn[i];
-        if (t + warps < T) load_row<N>(xn, logits + (t + warps) * ld, E, lane, vec != 0, pad);
+        if (t + warps < T) load_row<A, N>(xn, logits + (t + warps) * ld, E, lane, vec != 0, pad);
         i64* io = idx + t * P;                                 // (P,)
         float* wo = w + t * P;                                 // (P,)
         i64* uo = unmapped ? unmapped + t * ldu : nullptr;     // (K,)
@@ -122,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
             float zl = 0.0f;
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-                s[i] = slot_index<4>(i, lane) < E ? exp_f32(__fsub_rn(x[i], m)) : 0.0f;
+                s[i] = slot_index<A>(i, lane) < E ? exp_f32(__fsub_rn(x[i], m)) : 0.0f;
                 zl = __fadd_rn(zl, s[i]);  // + 0.0 for padding is exact
             }
 #pragma unroll
@@ -131,8 +161,15 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
 #pragma unroll
             for (int i = 0; i < N; ++i) s[i] = __fdiv_rn(s[i], z);
         } else {
+#if TK_SCORING == 0
+            sigmoid_n<N>(s, x);
+#else
 #pragma unroll
-            for (int i = 0; i < N; ++i) s[i] = slot_index<4>(i, lane) < E ? score(x[i]) : 0.0f;
+            for (int i = 0; i < N; ++i) s[i] = score(x[i]);
+#endif
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                if (slot_index<A>(i, lane) >= E) s[i] = 0.0f;  // padding
         }
 
         const bool fixed = fix && fix[t * fs] != 0;
@@ -145,21 +182,36 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
             ss[c] = 0.0f;
         }
         if (!fixed) {
+            // The scores go to shared memory now, so that they need no registers from here on.
+            __syncwarp();  // the previous token's reads of sscore are done
+#pragma unroll
+            for (int i = 0; i < N; ++i) sscore[warp][slot_index<A>(i, lane)] = s[i];
+            __syncwarp();
             u32 key[N];  // (N,) ranking keys as order keys, NONE past the row end
+            IdxTop<SD> first;  // REG_GROUPS: the lane's top-SD candidates, known before selection
 #if TK_G > 0
-            constexpr int NV = N / 4;
-            Top2 top[NV];  // (NV,) this lane's top-2 of each 4-element run (REG_GROUPS)
+            constexpr int NV = N / A;
+            IdxTop<SD> top[NV];  // (NV,) this lane's top-SD candidates of each A-element run (REG_GROUPS)
 #endif
+            float b[N];  // (N,) this lane's bias values
+#pragma unroll
+            for (int i = 0; i < N; i += 4) {  // 4-element pieces are 16-byte aligned
+                const float4 q = *reinterpret_cast<const float4*>(&sbias[slot_index<A>(i, lane)]);
+                b[i] = q.x;
+                b[i + 1] = q.y;
+                b[i + 2] = q.z;
+                b[i + 3] = q.w;
+            }
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-                const u32 j = slot_index<4>(i, lane);
+                const u32 j = slot_index<A>(i, lane);
                 key[i] = NONE;
                 if (j < E) {
                     const float kf = __fadd_rn(SOFTMAX ? x[i] : s[i], b[i]);
                     key[i] = order_key(kf);
 #if TK_G > 0
                     if constexpr (REG_GROUPS)
-                        top[i / 4].insert(key[i], kf);
+                        top[i / A].insert(key[i], j);
                     else
                         skey[warp][j] = kf;
 #endif
@@ -168,13 +220,14 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
 #if TK_G > 0
             // Group-limited routing: keep the GK best groups by top-2 sums.
             if constexpr (REG_GROUPS) {
-                constexpr u32 C = PG / 4, GPV = 128 / PG;  // lanes per group run, groups per vector
+                constexpr u32 C = PG / A, GPV = VW / PG;  // lanes per group run, groups per vector
                 u32 gkey[NV];  // (NV,) the key of group v * GPV + lane / C (NONE past G)
 #pragma unroll
                 for (int v = 0; v < NV; ++v) {
+                    KeyTop2 g{top[v].k[0], top[v].k[1]};
 #pragma unroll
-                    for (u32 off = 1; off < C; off *= 2) top[v].merge_xor(off);
-                    gkey[v] = v * GPV + lane / C < G ? top[v].template score_key<2>() : NONE;
+                    for (u32 off = 1; off < C; off *= 2) g.merge_xor(off);
+                    gkey[v] = v * GPV + lane / C < G ? g.sum_key() : NONE;
                 }
                 // Lane q < G takes group q's key (slot q / GPV of lane (q % GPV) * C) and ranks
                 // it against all G keys at once (higher key first, then the smaller group); the
@@ -192,22 +245,31 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                     rank += (kq > mine || (kq == mine && q < lane)) ? 1u : 0u;
                 }
                 const u32 kept = __ballot_sync(FULL, lane < G && rank < TK_GK);  // bit q: kept
+                // Experts of the other groups stop being candidates; the lane's top-SD candidates
+                // are those of its kept runs, merged in run (= expert) order.
 #pragma unroll
-                for (int i = 0; i < N; ++i) {
-                    const u32 q = (i / 4) * GPV + lane / C;
-                    if (q >= G || ((kept >> q) & 1u) == 0) key[i] = NONE;  // not kept
+                for (int v = 0; v < NV; ++v) {
+                    const u32 q = v * GPV + lane / C;
+                    if (q >= G || ((kept >> q) & 1u) == 0) {  // not kept
+#pragma unroll
+                        for (int i = v * A; i < (v + 1) * A; ++i) key[i] = NONE;
+                    } else if (v == 0) {
+                        first = top[0];  // first is still empty
+                    } else {
+#pragma unroll
+                        for (int d = 0; d < SD; ++d) first.insert(top[v].k[d], top[v].j[d]);
+                    }
                 }
             } else {
                 __syncwarp();
                 u32 gkey[NG];  // group q at element index q * L
-                float unused[NG] = {};
                 group_keys<2, G, PG, NG>(gkey, &skey[warp][0], PG, lane);
 #pragma unroll
                 for (int i = 0; i < NG; ++i)
                     if (gkey[i] != NONE) sgroup[warp][slot_index<1>(i, lane) / L] = gkey[i];
                 __syncwarp();
                 u32 gpk = 0, gpj = 0;  // the last kept group: kept = ranked at or before it
-                WarpSelect<1, NG, false> gsel(gkey, unused, lane);
+                WarpSelect<1, NG> gsel(gkey, lane);
                 for (u32 r = 0; r < TK_GK; ++r) {
                     const Pick p = gsel.take();
                     gpk = p.key;
@@ -215,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                 }
 #pragma unroll
                 for (int i = 0; i < N; ++i) {
-                    const u32 j = slot_index<4>(i, lane);
+                    const u32 j = slot_index<A>(i, lane);
                     if (j < E) {
                         const u32 q = j / PG;
                         if (ranks_after(sgroup[warp][q], q * L, gpk, gpj)) key[i] = NONE;  // not kept
@@ -224,16 +286,24 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
                 __syncwarp();  // shared memory reads done before the next token's writes
             }
 #endif
-            // K rounds of expert selection, best first.
-            WarpSelect<4, N, true> pick(key, s, lane);
+            // K rounds of expert selection, best first; the scores of the picks are read back from
+            // sscore (one broadcast load), so the lanes' candidate caches carry no scores.
+            auto pick = [&]() {
+                if constexpr (REG_GROUPS)
+                    return WarpSelect<A, N, SD>(key, lane, first);
+                else
+                    return WarpSelect<A, N, SD>(key, lane);
+            }();
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
+#pragma unroll SEL_UNROLL
                 for (u32 rr = 0; rr < 32 && c * 32 + rr < K; ++rr) {
                     const Pick p = pick.take();
-                    den = __fadd_rn(den, p.val);
+                    const float v = sscore[warp][p.idx];
+                    den = __fadd_rn(den, v);
                     if (lane == rr) {
                         sel[c] = p.idx;
-                        ss[c] = p.val;
+                        ss[c] = v;
                     }
                 }
             }

@@ -33,10 +33,17 @@ using namespace tkg;
 
 constexpr u32 E = TK_E, K = TK_K;
 constexpr int NV = TK_NV, N = 4 * NV;
+// Blocks per SM the register budget must allow: for rows of 1 or 2 vectors per lane (E <= 256),
+// which fit in 32 registers without spilling, 2048 threads' worth (all 64 warps of an SM
+// resident: T = 8001 then runs in one wave); otherwise the compiler's choice.
+constexpr int MIN_BLOCKS = (NV == 1 || NV == 2) ? 2048 / (TK_WARPS * 32) : 1;
+// The pick rounds of the register path are unrolled for up to 16 picks: the rounds' lane tests
+// and the store of the picks become constants, and the compiler schedules across rounds.
+constexpr int PICK_UNROLL = (NV > 0 && K <= 16) ? (int)K : 1;
 
 // out: (T, K) int64 contiguous; scores: (T, E) fp32, row stride ld (elements), unit columns.
 // vec: scores and ld allow 16-byte loads of row vectors.
-extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(TK_WARPS * 32, MIN_BLOCKS)
     tk_topk_gate(i64* __restrict__ out, const float* __restrict__ scores, u64 ld, u32 T, u32 vec) {
     const u32 lane = threadIdx.x % 32;
     const u64 warps = (u64)gridDim.x * TK_WARPS;
@@ -45,17 +52,18 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         i64* o = out + t * K;                // (K,)
 #if TK_NV > 0
         float x[N];  // (NV vectors, 4): this lane's elements of the row
-        load_row<N>(x, row, E, lane, vec != 0, 0.0f);
+        load_row<4, N>(x, row, E, lane, vec != 0, 0.0f);
         u32 key[N];  // order keys, NONE past the row end
 #pragma unroll
         for (int s = 0; s < N; ++s) key[s] = slot_index<4>(s, lane) < E ? order_key(x[s]) : NONE;
 #endif
         u32 mine = 0;
 #if TK_NV > 0
-        WarpSelect<4, N, false> sel(key, x, lane);
+        WarpSelect<4, N> sel(key, lane);
 #else
         u32 pk = FIRST_KEY, pj = FIRST_IDX;  // the last pick
 #endif
+#pragma unroll PICK_UNROLL
         for (u32 r = 0; r < K; ++r) {
 #if TK_NV > 0
             const Pick p = sel.take();

@@ -49,11 +49,10 @@ extern "C" __global__ void __launch_bounds__(TK_WARPS * 32)
         const u64 gs = s1;
 #endif
         u32 key[NG];  // group keys; group q at element index q * lanes_per_group
-        float unused[NG] = {};
         group_keys<TK_NSUM, G, P, NG>(key, base, gs, lane);
         i64* o = out + t * GK;  // (GK,)
         u32 mine = 0;
-        WarpSelect<1, NG, false> sel(key, unused, lane);
+        WarpSelect<1, NG> sel(key, lane);
         for (u32 r = 0; r < GK; ++r) {
             const Pick p = sel.take();
             if (lane == r % 32) mine = p.idx / lanes_per_group(G, P);

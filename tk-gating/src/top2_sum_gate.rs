@@ -93,15 +93,17 @@
 //! `cuda/top2_sum_gate.cu`, specialised on `(E, K, G, Gk, scoring_func)`; the mask, fix
 //! routing, physical map, `S` and the ranks are run-time arguments. One warp per token, the grid
 //! at most one resident wave, each warp prefetching its next token's row: the row
-//! in registers, scores, keys, group top-2 sums (in registers when `E / G` is a power of two
-//! from 4 to 128 and `G <= 32`: each lane's 4-expert runs merged over the group's lanes with
-//! shuffles, then every group ranked against all others at once; otherwise through shared
-//! memory, lane `l` scoring groups `l, l + 32, ...`, and `Gk` selection rounds), `K` warp
-//! selection rounds (distinct picks, no overwriting; each lane caches its
-//! two best candidates, so a round is two `redux.sync` and a rescan only when the winner's cache
-//! runs dry), the
-//! weight denominator accumulated in slot order from the broadcast picks, one lane per output
-//! slot. No host sync.
+//! in registers (runs of 8 experts per lane when `E` is a multiple of 256 and a grouping fits
+//! them, else of 4), scores (sigmoid straight-line: double `exp` without its overflow branch on
+//! clamped arguments, the fast path of IEEE division), keys, group top-2 sums (in registers
+//! when `E / G` is a power of two from the run length to 32 runs and `G <= 32`: each lane's
+//! runs' top-2 keys merged over the group's lanes with shuffles, then every group ranked
+//! against all others at once; otherwise through shared memory, lane `l` scoring groups
+//! `l, l + 32, ...`, and `Gk` selection rounds), `K` warp selection rounds on keys (distinct
+//! picks, no overwriting; each lane caches its two best candidates, so a round is two
+//! `redux.sync` and a rescan only when the winner's cache runs dry; the pick's score is read
+//! back from the warp's copy of the scores in shared memory), the weight denominator
+//! accumulated in slot order from the picks, one lane per output slot. No host sync.
 //!
 //! **Numerics.** Every fp32 step is the reference's own IEEE operation (`_rn` intrinsics, so no
 //! FMA contraction; softmax's `Z` in [`warp_sum`](crate::scoring::warp_sum)'s order). CUDA's
