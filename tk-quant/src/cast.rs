@@ -284,7 +284,8 @@ impl CastKernel {
             InputKind::BF16 => self.target != Target::Fp(CastFormat::E4M3),
             InputKind::Quantized { .. } => false,
         };
-        if bm == 1 && bk % (2 * self.vec()) == 0 && eligible && self.mode != CastMode::PrecomputedSf {
+        if bm == 1 && bk % (2 * self.vec()) == 0 && eligible && self.mode != CastMode::PrecomputedSf
+        {
             2
         } else {
             1
