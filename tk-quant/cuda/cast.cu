@@ -48,12 +48,7 @@ struct Params {
 #endif
 
 #if TK_IN == 1
-// Lane-wise max of two bf16 pairs; a NaN lane gives the other operand's lane (PTX max.bf16x2).
-__device__ __forceinline__ u32 bf16x2_max(u32 a, u32 b) {
-    u32 d;
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
+using tkq::bf16x2_max;  // lane-wise max of two bf16 pairs (a NaN lane gives the other lane)
 #endif
 
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
@@ -130,6 +125,24 @@ __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&
 }
 #endif
 
+#if TK_FMT == 1
+// Stores q, the VEC/2 bytes of packed e2m1 pairs of the fragment of row r at columns c0.. (even
+// column in the low nibble; columns < K only).
+__device__ __forceinline__ void store_e2m1(const Params& p, u64 r, u64 c0, u32 q) {
+    u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
+#if TK_VECIO
+    if constexpr (VEC == 8)
+        *reinterpret_cast<u32*>(dst) = q;
+    else
+        *reinterpret_cast<u16*>(dst) = (u16)q;
+#else
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j)
+        if (c0 + 2 * j < p.k) dst[j] = (u8)(q >> (8 * j));
+#endif
+}
+#endif
+
 // Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
 __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
@@ -164,19 +177,40 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
     float y[VEC];  // (VEC,) values to encode
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(v[j], inv[j]);
-    const u32 q = tkq::e2m1_pack(y);  // (VEC/2,) bytes of packed e2m1 pairs, even column in the low nibble
-    u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
-#if TK_VECIO
-    if constexpr (VEC == 8)
-        *reinterpret_cast<u32*>(dst) = q;
-    else
-        *reinterpret_cast<u16*>(dst) = (u16)q;
-#else
+    store_e2m1(p, r, c0, tkq::e2m1_pack(y));
+#endif
+}
+
+// TK_E2M1_BF16X2 (default 1; 0 for the A/B comparison): bf16 -> e2m1 casts with power-of-two
+// scales encode on packed bf16 pairs (tkq::e2m1_pack_bf16_pow2, ~7 instead of ~13 instructions
+// per value with the decode and the fp32 product), bit-identical to store_frag. Fragments whose
+// inverse scales exceed 2^120 (blocks with amax below ~6 * 2^-120, or an infinite amax) take
+// store_frag: then a subnormal bf16 input could be significant after the product, and the
+// encoder must not depend on whether the bf16 multiply flushes subnormal inputs.
+#ifndef TK_E2M1_BF16X2
+#define TK_E2M1_BF16X2 1
+#endif
+#define E2M1_PACKED (TK_E2M1_BF16X2 && TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
+
+// Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it
+// (columns < K only): store_frag of values(raw).
+__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, u64 r, u64 c0, const float (&iv)[VEC]) {
+#if E2M1_PACKED
+    u32 inv2[VEC / 2];  // (VEC/2,) bf16 pairs of inverse scales (exact: powers of two)
+    bool pow2_small = true;
 #pragma unroll
-    for (int j = 0; j < VEC / 2; ++j)
-        if (c0 + 2 * j < p.k) dst[j] = (u8)(q >> (8 * j));
+    for (int j = 0; j < VEC / 2; ++j) {
+        inv2[j] = __byte_perm(__float_as_uint(iv[2 * j]), __float_as_uint(iv[2 * j + 1]), 0x7632);
+        pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
+    }
+    if (pow2_small) {
+        store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2(raw.w, inv2));
+        return;
+    }
 #endif
-#endif
+    float v[VEC];  // (VEC,) values
+    values(p, raw, r, c0, v);
+    store_frag(p, r, c0, v, iv);
 }
 #endif
 
@@ -259,11 +293,8 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv;
 #pragma unroll
-                for (int f = 0; f < FK; ++f) {
-                    float v[VEC];  // (VEC,) values of fragment f
-                    values(p, raw[i * FK + f], r0 + i, c0 + f * VEC, v);
-                    if (row_ok && c0 + f * VEC < p.k) store_frag(p, r0 + i, c0 + f * VEC, v, iv);
-                }
+                for (int f = 0; f < FK; ++f)
+                    if (row_ok && c0 + f * VEC < p.k) cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv);
 #endif
             }
             continue;
@@ -372,11 +403,10 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 if (!col_ok || r0 + i >= p.m) continue;
-                float v[VEC], iv[VEC];
-                values(p, raw[i], r0 + i, c0, v);
+                float iv[VEC];  // (VEC,) inverse scales of the fragment's columns
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
-                store_frag(p, r0 + i, c0, v, iv);
+                cast_frag(p, raw[i], r0 + i, c0, iv);
             }
 #endif
         }
@@ -448,10 +478,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
                 continue;
             }
 #endif
-            if (c0 >= p.k) continue;
-            float v[VEC];
-            values(p, raw[i], r, c0, v);
-            store_frag(p, r, c0, v, iv);
+            if (c0 < p.k) cast_frag(p, raw[i], r, c0, iv);
         }
     }
 }
