@@ -90,9 +90,18 @@ __device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, u64 
 #endif
 }
 
-// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4).
+// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4). TK_RSF_NODIV
+// (default 1; 0 for the A/B comparison): power-of-two scales from the exponent bits
+// (tkq::scale_pair_pow2) instead of an IEEE division per block.
+#ifndef TK_RSF_NODIV
+#define TK_RSF_NODIV 1
+#endif
 __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
+#if TK_ROUND && TK_RSF_NODIV
+    tkq::scale_pair_pow2(amax, TK_EPS, TK_Q, sf, inv);
+#else
     tkq::scale_pair<TK_ROUND != 0>(amax, TK_EPS, TK_Q, sf, inv);
+#endif
 }
 
 #if TK_MODE != 2
