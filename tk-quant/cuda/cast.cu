@@ -54,8 +54,20 @@ using tkq::bf16x2_max;  // lane-wise max of two bf16 pairs (a NaN lane gives the
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
 // Columns >= K give 0.
 __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u64 c0, float (&v)[VEC]) {
+#if TK_IN == 2
+    // e4m3: two codes per conversion (cvt.rn.f16x2.e4m3x2, the instruction decode_elem's
+    // __nv_cvt_fp8_to_halfraw issues for one code: the same halves), then exact widening.
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(raw.w[j / 4] >> (8 * (j % 4))), __NV_E4M3);
+        const float2 f = __half22float2(__half2(h));
+        v[j] = f.x;
+        v[j + 1] = f.y;
+    }
+#else
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = decode_elem(raw, j);
+#endif
 #if TK_IN >= 2
     if constexpr (TK_IW % VEC == 0) {
         const float s = in_scale(reinterpret_cast<const void*>(p.x_sf), p.xsf_s0, p.xsf_s1, r / TK_IH, c0 / TK_IW);
@@ -288,9 +300,22 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const bool row_ok = col_ok && r0 + i < p.m;
+#if TK_IN >= 2
+                // Quantized input: each fragment decoded and rescaled once, for the block
+                // maximum and the cast (frag_amax and cast_frag would decode it twice).
+                float v[FK][VEC];  // (FK fragments, VEC columns) values of row r0 + i
+                float a = 0.0f;
+#pragma unroll
+                for (int f = 0; f < FK; ++f) {
+                    values(p, raw[i * FK + f], r0 + i, c0 + f * VEC, v[f]);
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[f][j]));
+                }
+#else
                 float a = frag_amax(p, raw[i * FK], r0 + i, c0);
 #pragma unroll
                 for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
+#endif
 #pragma unroll
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
                 float sf, inv;
@@ -302,8 +327,14 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv;
 #pragma unroll
-                for (int f = 0; f < FK; ++f)
-                    if (row_ok && c0 + f * VEC < p.k) cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv);
+                for (int f = 0; f < FK; ++f) {
+                    if (!row_ok || c0 + f * VEC >= p.k) continue;
+#if TK_IN >= 2
+                    store_frag(p, r0 + i, c0 + f * VEC, v[f], iv);
+#else
+                    cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv);
+#endif
+                }
 #endif
             }
             continue;
