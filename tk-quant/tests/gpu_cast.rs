@@ -1261,3 +1261,74 @@ fn gpu_cast_back_strided() {
         );
     });
 }
+
+/// bf16 -> e2m1 with power-of-two scales (the packed bf16 encoder of `cuda/cast.cu`) at its
+/// edges: rows whose block maximum is 6 * 2^s for s from -140 to 20, so that the inverse scales
+/// fall on both sides of the encoder's 2^120 guard (and the eps clamp), values on and one bf16
+/// ulp next to every e2m1 rounding tie of the block scale, both signs, -0 and subnormal bf16
+/// inputs in every row; per-token (npc 32, 128, K) and per-block (32x32, 128x128) casts, bit
+/// exact against the reference.
+#[test]
+fn gpu_cast_e2m1_bf16_pow2_edges() {
+    let Some(dev) = gpu_or_skip("gpu_cast_e2m1_bf16_pow2_edges") else {
+        return;
+    };
+    let exps: Vec<i32> = (-140..=-100).chain([-10, 0, 10, 20]).collect();
+    let (m, k) = (exps.len(), 512);
+    let ties = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 3.0];
+    let mut rng = Rng::for_case("e2m1 bf16 pow2 edges");
+    let noise = rng.randn(&[m, k], |v| v);
+    let mut xs = Vec::with_capacity(m * k);
+    for (r, &s) in exps.iter().enumerate() {
+        let scale = 2f32.powi(s / 2) * 2f32.powi(s - s / 2); // 2^s, also below 2^-126
+        for c in 0..k {
+            let sign = if (c / 3) % 2 == 0 { 1.0 } else { -1.0 };
+            let v = match c % 32 {
+                0 => 6.0 * scale, // the block maximum
+                1 => -0.0,
+                2 => f32::from_bits(1 + (c as u32) * 4099), // an fp32 subnormal (bf16: subnormal or 0)
+                3..=20 => {
+                    let t = ties[c % ties.len()];
+                    let d = [-1.0f32, 0.0, 1.0][(c / 9) % 3] / 128.0;
+                    sign * t * (1.0 + d) * scale
+                }
+                _ => noise.as_slice()[r * k + c].clamp(-5.9, 5.9) * scale,
+            };
+            xs.push(bf16::from_f32(v));
+        }
+    }
+    let xb = HostTensor::from_vec(xs, &[m, k]).unwrap();
+    let dxb = dev.upload(&xb).unwrap();
+    let fmt = CastFormat::E2M1;
+    for opts in [
+        ScaleOptions::row_major(true),
+        ScaleOptions::col_major(true),
+        ScaleOptions::packed_ue8m0(),
+    ] {
+        for npc in [32, 128, k] {
+            let params = PerTokenCastParams::new(fmt, npc, opts);
+            let name = format!("e2m1 bf16 pow2 edges npc={npc} {opts:?}");
+            let hx: CastInput<'_> = xb.view().into();
+            let dx: DeviceCastInput<'_> = dxb.view().into();
+            let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
+            let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
+            tk_quant::per_token_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
+            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+        }
+        for block in [(32, 32), (128, 128)] {
+            let params = PerBlockCastParams::new(fmt, block, opts);
+            let name = format!("e2m1 bf16 pow2 edges per_block {block:?} {opts:?}");
+            let (rd, rs) =
+                reference::per_block_cast(&PlainInput::BF16(xb.view()), &params).unwrap();
+            let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
+            tk_quant::per_block_cast_into(
+                &DevicePlainInput::BF16(dxb.view()),
+                &params,
+                &mut d.view_mut(),
+                &mut s,
+            )
+            .unwrap();
+            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+        }
+    }
+}
