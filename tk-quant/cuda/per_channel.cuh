@@ -109,9 +109,11 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             u32 q[RPT][2];  // (rows, 8 codes as 2 words)
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                q[i][0] = q[i][1] = 0;
+                float z[8];  // (columns,) scaled values
 #pragma unroll
-                for (int j = 0; j < 8; ++j) q[i][j / 4] |= tkq::e4m3_code(__fmul_rn(y[i][j], inv[j])) << (8 * (j % 4));
+                for (int j = 0; j < 8; ++j) z[j] = __fmul_rn(y[i][j], inv[j]);
+                q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
+                q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
             }
 #if TK_TRANSPOSE
 #pragma unroll

@@ -92,7 +92,8 @@ __device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words&
 }
 
 // The activation a (8,) of a fragment from its raw gate lw and value vw, times the row weight
-// w with routing weights; counts the clamps of a processed row. Padding rows give +0.
+// w with routing weights; counts the clamps of a processed row. A padding row's values are
+// not used (store_out writes its zeros).
 __device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3]) {
     float l[8], v[8];  // (8,) gate and value
     tkq::widen8<TK_IN>(lw, l);
@@ -109,21 +110,34 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
         }
     }
     tkq::swiglu_act8(l, v, a);
+    if (p.ptt)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        float x = a[j];
-        if (p.ptt) x = __fmul_rn(x, w);
-        a[j] = processed ? x : 0.0f;
-    }
+        for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
 }
 
-// Stores the fragment at row r, columns c0.. in the output format (quantized with inv).
-__device__ __forceinline__ void store_out(const Params& p, u64 r, u64 c0, const float (&a)[8], float inv) {
-    u8* out = reinterpret_cast<u8*>(p.out);
-    if constexpr (TK_OUT == 0) tkq::store8_plain<0, VECIO>(out + (r * p.h + c0) * 4, a);      // (N, H) fp32
-    else if constexpr (TK_OUT == 1) tkq::store8_plain<1, VECIO>(out + (r * p.h + c0) * 2, a); // (N, H) bf16
-    else if constexpr (TK_OUT == 2) tkq::store8_quant<0, VECIO>(out + r * p.h + c0, a, inv);  // (N, H) e4m3
-    else tkq::store8_quant<1, VECIO>(out + (r * p.h + c0) / 2, a, inv);                       // (N, H/2) e2m1
+// The output words of a fragment (fp32, bf16, e4m3 or e2m1 codes) and their byte offset in
+// out per element.
+#if TK_OUT < 2
+constexpr int OUT_WORDS = tkq::Plain8<TK_OUT>::WORDS;
+#else
+constexpr int OUT_WORDS = tkq::Quant8<TK_OUT - 2>::WORDS;
+#endif
+
+// Stores the fragment at row r, columns c0.. in the output format (quantized with inv); a
+// padding row (not processed) gets +0 codes, selected on the packed words (OUT_WORDS selects
+// instead of 8 on the values).
+__device__ __forceinline__ void store_out(const Params& p, bool processed, u64 r, u64 c0, const float (&a)[8], float inv) {
+    u32 w[OUT_WORDS];  // (OUT_WORDS,) packed output of the 8 columns
+#if TK_OUT < 2
+    tkq::pack8_plain<TK_OUT>(a, w);
+#else
+    tkq::pack8_quant<TK_OUT - 2>(a, inv, w);
+#endif
+#pragma unroll
+    for (int j = 0; j < OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+    // (N, H) fp32 / bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes
+    u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + c0) / 8 * (OUT_WORDS * 4);
+    tkq::store_bytes<OUT_WORDS * 4, VECIO>(out, w);
 }
 
 // (sf, inv) of a group with maximum amax; a padding row gets (0, 0) (its values are +0).
@@ -204,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
                     group_scale(p, ri[i].processed, am, sf, inv);
                     if (tl == i) my_sf = sf;
                 }
-                if (r < p.n) store_out(p, r, c0, a, inv);
+                if (r < p.n) store_out(p, ri[i].processed, r, c0, a, inv);
             }
             if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
@@ -260,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_swiglu_forward_and_p
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 f = (u64)i * TK_THREADS + threadIdx.x;
-            if (f < frags) store_out(p, r, f * 8, a[i], inv);
+            if (f < frags) store_out(p, ri.processed, r, f * 8, a[i], inv);
         }
     }
     flush_counts(p, cnt);
