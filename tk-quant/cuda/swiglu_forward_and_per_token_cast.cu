@@ -177,8 +177,9 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // lanes; a team covers one 128-column group of RPT rows, each lane 8 columns of each row.
 // Tile: 16 RPT rows x 128 columns; grid x over column tiles (H / 128), y over row tiles. A lane
 // first loads its rows' routing entries, then all its x fragments (raw words, kept narrow until
-// used), then the weights (which depend on the routing entries), so the loads overlap; at most
-// 64 registers (TK_MINB 4) give 32 resident warps per SM.
+// used), then the weights (which depend on the routing entries), so the loads overlap; then it
+// activates all its rows and reduces their team maxima together (the RPT shuffle chains
+// interleave); at most 64 registers (TK_MINB 4) give 32 resident warps per SM.
 // ---------------------------------------------------------------------------------------------
 constexpr int RPT = TK_RPT, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
 
@@ -204,25 +205,36 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             float w[RPT];  // (RPT,) routing weights
 #pragma unroll
             for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
-            float my_sf = 0.0f;  // lane i < RPT stores the scale of row r0 + i
+            float a[RPT][8];  // (RPT rows, 8 columns) activations
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                const u64 r = r0 + i;
-                float a[8];  // (8,) activations
-                activate(p, ri[i].processed, w[i], l[i], v[i], a, cnt);
-                float inv = 0.0f;
-                if constexpr (QUANT) {
-                    float am = 0.0f;
+            for (int i = 0; i < RPT; ++i) activate(p, ri[i].processed, w[i], l[i], v[i], a[i], cnt);
+            // The rows' team maxima reduced together (their shuffle chains interleave), then
+            // their scales; lane i < RPT stores the scale of row r0 + i.
+            float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a[j]));
+            for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
+            if constexpr (QUANT) {
+                float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
 #pragma unroll
-                    for (int o = 1; o < TEAM; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
+                for (int i = 0; i < RPT; ++i) {
+                    am[i] = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) am[i] = fmaxf(am[i], fabsf(a[i][j]));
+                }
+#pragma unroll
+                for (int o = 1; o < TEAM; o <<= 1)
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) {
                     float sf;
-                    group_scale(p, ri[i].processed, am, sf, inv);
+                    group_scale(p, ri[i].processed, am[i], sf, inv[i]);
                     if (tl == i) my_sf = sf;
                 }
-                if (r < p.n) store_out(p, ri[i].processed, r, c0, a, inv);
             }
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+                if (r0 + i < p.n) store_out(p, ri[i].processed, r0 + i, c0, a[i], inv[i]);
             if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
     }
