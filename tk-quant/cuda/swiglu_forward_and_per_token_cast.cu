@@ -76,15 +76,23 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
 }
 
 // The routing weight of a row: topk_weights.flat[slot], 0 for a negative or out-of-range slot
-// (1 without weights, not used). A valid slot is below 2^31, so (slot / k, slot % k) is a
-// 32-bit division (inline, ~15 instructions, not the 64-bit division's call on the path to the
-// dependent weight load); k >= 2^32 is clamped to 2^32 - 1 > slot, which gives the same (0, slot).
+// (1 without weights, not used). Row-contiguous weights (s0 = k s1, the usual (T, k) tensor):
+// the flat index times s1, no division. Otherwise (slot / k, slot % k): a valid slot is below
+// 2^31, so this is a 32-bit division (inline, ~15 instructions, not the 64-bit division's
+// ~70-instruction call once per row); k >= 2^32 is clamped to 2^32 - 1 > slot, which gives the
+// same (0, slot).
 __device__ __forceinline__ float row_weight(const Params& p, i32 slot) {
     if (!p.ptt) return 1.0f;
     const bool ok = slot >= 0 && (u64)slot < p.tw_len;
     const u32 q = ok ? (u32)slot : 0u;
-    const u32 k = p.tw_k > 0xFFFFFFFFull ? 0xFFFFFFFFu : (u32)p.tw_k;
-    return ok ? reinterpret_cast<const float*>(p.tw)[(u64)(q / k) * p.tw_s0 + (u64)(q % k) * p.tw_s1] : 0.0f;
+    u64 at;  // element offset of topk_weights.flat[q]
+    if (p.tw_s0 == p.tw_k * p.tw_s1) {
+        at = (u64)q * p.tw_s1;
+    } else {
+        const u32 k = p.tw_k > 0xFFFFFFFFull ? 0xFFFFFFFFu : (u32)p.tw_k;
+        at = (u64)(q / k) * p.tw_s0 + (u64)(q % k) * p.tw_s1;
+    }
+    return ok ? reinterpret_cast<const float*>(p.tw)[at] : 0.0f;
 }
 
 // Loads the raw gate and value fragments (8 columns from c0) of row r.
