@@ -93,19 +93,46 @@ __device__ __forceinline__ float round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }
 
+// The raw words of 8 fp32 values as fp32 (OUT 0, 8 words) or bf16 (OUT 1, 4 words, RNE).
+template <int OUT> struct Plain8 { static constexpr int WORDS = OUT == 0 ? 8 : 4; };
+
+template <int OUT>
+__device__ __forceinline__ void pack8_plain(const float (&v)[8], u32 (&w)[Plain8<OUT>::WORDS]) {
+#pragma unroll
+    for (int j = 0; j < Plain8<OUT>::WORDS; ++j) {
+        if constexpr (OUT == 0) w[j] = __float_as_uint(v[j]);
+        else w[j] = bf16x2_bits(v[2 * j], v[2 * j + 1]);
+    }
+}
+
 // Stores 8 fp32 values as fp32 (OUT 0, 32 bytes) or bf16 (OUT 1, 16 bytes, RNE).
 template <int OUT, bool VEC>
 __device__ __forceinline__ void store8_plain(void* dst, const float (&v)[8]) {
-    if constexpr (OUT == 0) {
-        u32 w[8];
+    u32 w[Plain8<OUT>::WORDS];
+    pack8_plain<OUT>(v, w);
+    store_bytes<Plain8<OUT>::WORDS * 4, VEC>(dst, w);
+}
+
+// The e4m3 codes of 4 values, element 0 in the low byte: e4m3_code of each, converted two per
+// instruction (one F2FP.E4M3 with two sources instead of two with one).
+__device__ __forceinline__ u32 e4m3_pack4(float a, float b, float c, float d) {
+    return e4m3_code2(a, b) | e4m3_code2(c, d) << 16;
+}
+
+// The codes of fl(v[j] * inv) (8 values) as words: e4m3 (FMT 0, 2 words) or packed e2m1 (FMT 1,
+// 1 word, even element in the low nibble; e2m1_pack, bit for bit e2m1_code).
+template <int FMT> struct Quant8 { static constexpr int WORDS = FMT == 0 ? 2 : 1; };
+
+template <int FMT>
+__device__ __forceinline__ void pack8_quant(const float (&v)[8], float inv, u32 (&w)[Quant8<FMT>::WORDS]) {
+    float y[8];  // (8,) scaled values
 #pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = __float_as_uint(v[j]);
-        store_bytes<32, VEC>(dst, w);
+    for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(v[j], inv);
+    if constexpr (FMT == 0) {
+        w[0] = e4m3_pack4(y[0], y[1], y[2], y[3]);
+        w[1] = e4m3_pack4(y[4], y[5], y[6], y[7]);
     } else {
-        u32 w[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = bf16x2_bits(v[2 * j], v[2 * j + 1]);
-        store_bytes<16, VEC>(dst, w);
+        w[0] = e2m1_pack<8>(y);
     }
 }
 
@@ -113,17 +140,39 @@ __device__ __forceinline__ void store8_plain(void* dst, const float (&v)[8]) {
 // (FMT 1, 4 bytes, even element in the low nibble).
 template <int FMT, bool VEC>
 __device__ __forceinline__ void store8_quant(void* dst, const float (&v)[8], float inv) {
-    if constexpr (FMT == 0) {
-        u32 w[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j / 4] |= e4m3_code(__fmul_rn(v[j], inv)) << (8 * (j % 4));
-        store_bytes<8, VEC>(dst, w);
-    } else {
-        u32 w[1] = {0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[0] |= e2m1_code(__fmul_rn(v[j], inv)) << (4 * j);
-        store_bytes<4, VEC>(dst, w);
+    u32 w[Quant8<FMT>::WORDS];
+    pack8_quant<FMT>(v, inv, w);
+    store_bytes<Quant8<FMT>::WORDS * 4, VEC>(dst, w);
+}
+
+// (sf, inv) of scale_pair (tk/quant_scale.cuh), bit for bit, for the format maximum q (448 or
+// 6). Power-of-two scales (ROUND) without the division when c = max(amax, eps) is in
+// [2^-100, 2^100] (TK_POW2_SCALE, default 1): scale_pair takes e = ceil(log2(fl(c / q))).
+// With c = Mc 2^Ec and q = Mq 2^Eq (Mc, Mq in [1, 2), multiples of 2^-23) that is
+// Ec - Eq + (Mc > Mq): for Mc = Mq the quotient is exactly 2^(Ec-Eq); for Mc > Mq it is
+// >= 2^(Ec-Eq) (1 + 2^-23 / Mq), more than half an ulp above 2^(Ec-Eq), so fl(c / q) is not
+// a power of two (and at most 2^(Ec-Eq+1)); for Mc < Mq it is in (2^(Ec-Eq-1) (1 + 2^-24),
+// 2^(Ec-Eq)), so fl(c / q) is above 2^(Ec-Eq-1) and at most 2^(Ec-Eq). In the range every
+// quotient is a normal number. Outside it (tiny eps, infinite or NaN amax with a NaN eps),
+// scale_pair itself. Non-rounded scales: scale_pair (two divisions).
+#ifndef TK_POW2_SCALE
+#define TK_POW2_SCALE 1
+#endif
+template <bool ROUND>
+__device__ __forceinline__ void scale_pair_fast(float amax, float eps, float q, float& sf, float& inv) {
+#if TK_POW2_SCALE
+    if constexpr (ROUND) {
+        const float c = fmaxf(amax, eps);
+        if ((c >= 0x1p-100f) & (c <= 0x1p100f)) {
+            const u32 uc = __float_as_uint(c), uq = __float_as_uint(q);
+            const int e = (int)(uc >> 23) - (int)(uq >> 23) + ((uc & 0x7FFFFFu) > (uq & 0x7FFFFFu) ? 1 : 0);
+            sf = __uint_as_float((u32)(127 + e) << 23);
+            inv = __uint_as_float((u32)(127 - e) << 23);
+            return;
+        }
     }
+#endif
+    scale_pair<ROUND>(amax, eps, q, sf, inv);
 }
 
 // Clamp flags of one SwiGLU pair (for the counts and the backward's zeroed gradients).

@@ -93,7 +93,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
                 for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
                 float sf, inv;
-                tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+                tkq::scale_pair_fast<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
                 inv_s[b][c] = inv;
                 const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
                 if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
@@ -109,9 +109,11 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             u32 q[RPT][2];  // (rows, 8 codes as 2 words)
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                q[i][0] = q[i][1] = 0;
+                float z[8];  // (columns,) scaled values
 #pragma unroll
-                for (int j = 0; j < 8; ++j) q[i][j / 4] |= tkq::e4m3_code(__fmul_rn(y[i][j], inv[j])) << (8 * (j % 4));
+                for (int j = 0; j < 8; ++j) z[j] = __fmul_rn(y[i][j], inv[j]);
+                q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
+                q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
             }
 #if TK_TRANSPOSE
 #pragma unroll

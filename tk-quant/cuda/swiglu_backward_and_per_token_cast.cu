@@ -145,8 +145,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_swiglu_backward_and_per
             ax = group_max(ax);
             ay = group_max(ay);
             float sfx, invx, sfy, invy;
-            tkq::scale_pair<TK_ROUND != 0>(ax, __uint_as_float(0x38D1B717u), 448.0f, sfx, invx);
-            tkq::scale_pair<TK_ROUND != 0>(ay, __uint_as_float(0x38D1B717u), 448.0f, sfy, invy);
+            tkq::scale_pair_fast<TK_ROUND != 0>(ax, __uint_as_float(0x38D1B717u), 448.0f, sfx, invx);
+            tkq::scale_pair_fast<TK_ROUND != 0>(ay, __uint_as_float(0x38D1B717u), 448.0f, sfy, invy);
             if (!ok) continue;
             u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + j0) * 2;    // (8,) bf16 of out
             u8* xg = reinterpret_cast<u8*>(p.xg) + (r * 2 * p.h + j0) * 2;  // (8,) bf16 of x_grad (dX half)

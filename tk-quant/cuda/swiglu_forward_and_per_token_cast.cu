@@ -76,12 +76,23 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
 }
 
 // The routing weight of a row: topk_weights.flat[slot], 0 for a negative or out-of-range slot
-// (1 without weights, not used).
+// (1 without weights, not used). Row-contiguous weights (s0 = k s1, the usual (T, k) tensor):
+// the flat index times s1, no division. Otherwise (slot / k, slot % k): a valid slot is below
+// 2^31, so this is a 32-bit division (inline, ~15 instructions, not the 64-bit division's
+// ~70-instruction call once per row); k >= 2^32 is clamped to 2^32 - 1 > slot, which gives the
+// same (0, slot).
 __device__ __forceinline__ float row_weight(const Params& p, i32 slot) {
     if (!p.ptt) return 1.0f;
     const bool ok = slot >= 0 && (u64)slot < p.tw_len;
-    const u64 q = ok ? (u64)slot : 0;
-    return ok ? reinterpret_cast<const float*>(p.tw)[(q / p.tw_k) * p.tw_s0 + (q % p.tw_k) * p.tw_s1] : 0.0f;
+    const u32 q = ok ? (u32)slot : 0u;
+    u64 at;  // element offset of topk_weights.flat[q]
+    if (p.tw_s0 == p.tw_k * p.tw_s1) {
+        at = (u64)q * p.tw_s1;
+    } else {
+        const u32 k = p.tw_k > 0xFFFFFFFFull ? 0xFFFFFFFFu : (u32)p.tw_k;
+        at = (u64)(q / k) * p.tw_s0 + (u64)(q % k) * p.tw_s1;
+    }
+    return ok ? reinterpret_cast<const float*>(p.tw)[at] : 0.0f;
 }
 
 // Loads the raw gate and value fragments (8 columns from c0) of row r.
@@ -92,7 +103,8 @@ __device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words&
 }
 
 // The activation a (8,) of a fragment from its raw gate lw and value vw, times the row weight
-// w with routing weights; counts the clamps of a processed row. Padding rows give +0.
+// w with routing weights; counts the clamps of a processed row. A padding row's values are
+// not used (store_out writes its zeros).
 __device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3]) {
     float l[8], v[8];  // (8,) gate and value
     tkq::widen8<TK_IN>(lw, l);
@@ -109,26 +121,39 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
         }
     }
     tkq::swiglu_act8(l, v, a);
+    if (p.ptt)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        float x = a[j];
-        if (p.ptt) x = __fmul_rn(x, w);
-        a[j] = processed ? x : 0.0f;
-    }
+        for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
 }
 
-// Stores the fragment at row r, columns c0.. in the output format (quantized with inv).
-__device__ __forceinline__ void store_out(const Params& p, u64 r, u64 c0, const float (&a)[8], float inv) {
-    u8* out = reinterpret_cast<u8*>(p.out);
-    if constexpr (TK_OUT == 0) tkq::store8_plain<0, VECIO>(out + (r * p.h + c0) * 4, a);      // (N, H) fp32
-    else if constexpr (TK_OUT == 1) tkq::store8_plain<1, VECIO>(out + (r * p.h + c0) * 2, a); // (N, H) bf16
-    else if constexpr (TK_OUT == 2) tkq::store8_quant<0, VECIO>(out + r * p.h + c0, a, inv);  // (N, H) e4m3
-    else tkq::store8_quant<1, VECIO>(out + (r * p.h + c0) / 2, a, inv);                       // (N, H/2) e2m1
+// The output words of a fragment (fp32, bf16, e4m3 or e2m1 codes) and their byte offset in
+// out per element.
+#if TK_OUT < 2
+constexpr int OUT_WORDS = tkq::Plain8<TK_OUT>::WORDS;
+#else
+constexpr int OUT_WORDS = tkq::Quant8<TK_OUT - 2>::WORDS;
+#endif
+
+// Stores the fragment at row r, columns c0.. in the output format (quantized with inv); a
+// padding row (not processed) gets +0 codes, selected on the packed words (OUT_WORDS selects
+// instead of 8 on the values).
+__device__ __forceinline__ void store_out(const Params& p, bool processed, u64 r, u64 c0, const float (&a)[8], float inv) {
+    u32 w[OUT_WORDS];  // (OUT_WORDS,) packed output of the 8 columns
+#if TK_OUT < 2
+    tkq::pack8_plain<TK_OUT>(a, w);
+#else
+    tkq::pack8_quant<TK_OUT - 2>(a, inv, w);
+#endif
+#pragma unroll
+    for (int j = 0; j < OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+    // (N, H) fp32 / bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes
+    u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + c0) / 8 * (OUT_WORDS * 4);
+    tkq::store_bytes<OUT_WORDS * 4, VECIO>(out, w);
 }
 
-// (sf, inv) of a group with maximum amax; a padding row gets (0, 0) (its values are +0).
+// (sf, inv) of a group with maximum amax; a padding row gets (0, 0) (store_out zeroes its codes).
 __device__ __forceinline__ void group_scale(const Params& p, bool processed, float amax, float& sf, float& inv) {
-    tkq::scale_pair<TK_ROUND != 0>(amax, p.eps, QMAX, sf, inv);
+    tkq::scale_pair_fast<TK_ROUND != 0>(amax, p.eps, QMAX, sf, inv);
     if (!processed) sf = inv = 0.0f;
 }
 
@@ -160,8 +185,9 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // lanes; a team covers one 128-column group of RPT rows, each lane 8 columns of each row.
 // Tile: 16 RPT rows x 128 columns; grid x over column tiles (H / 128), y over row tiles. A lane
 // first loads its rows' routing entries, then all its x fragments (raw words, kept narrow until
-// used), then the weights (which depend on the routing entries), so the loads overlap; at most
-// 64 registers (TK_MINB 4) give 32 resident warps per SM.
+// used), then the weights (which depend on the routing entries), so the loads overlap; then it
+// activates all its rows and reduces their team maxima together (the RPT shuffle chains
+// interleave); at most 64 registers (TK_MINB 4) give 32 resident warps per SM.
 // ---------------------------------------------------------------------------------------------
 constexpr int RPT = TK_RPT, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
 
@@ -187,25 +213,36 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             float w[RPT];  // (RPT,) routing weights
 #pragma unroll
             for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
-            float my_sf = 0.0f;  // lane i < RPT stores the scale of row r0 + i
+            float a[RPT][8];  // (RPT rows, 8 columns) activations
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                const u64 r = r0 + i;
-                float a[8];  // (8,) activations
-                activate(p, ri[i].processed, w[i], l[i], v[i], a, cnt);
-                float inv = 0.0f;
-                if constexpr (QUANT) {
-                    float am = 0.0f;
+            for (int i = 0; i < RPT; ++i) activate(p, ri[i].processed, w[i], l[i], v[i], a[i], cnt);
+            // The rows' team maxima reduced together (their shuffle chains interleave), then
+            // their scales; lane i < RPT stores the scale of row r0 + i.
+            float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a[j]));
+            for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
+            if constexpr (QUANT) {
+                float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
 #pragma unroll
-                    for (int o = 1; o < TEAM; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
+                for (int i = 0; i < RPT; ++i) {
+                    am[i] = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) am[i] = fmaxf(am[i], fabsf(a[i][j]));
+                }
+#pragma unroll
+                for (int o = 1; o < TEAM; o <<= 1)
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) {
                     float sf;
-                    group_scale(p, ri[i].processed, am, sf, inv);
+                    group_scale(p, ri[i].processed, am[i], sf, inv[i]);
                     if (tl == i) my_sf = sf;
                 }
-                if (r < p.n) store_out(p, r, c0, a, inv);
             }
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+                if (r0 + i < p.n) store_out(p, ri[i].processed, r0 + i, c0, a[i], inv[i]);
             if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
     }
@@ -260,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_swiglu_forward_and_p
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
             const u64 f = (u64)i * TK_THREADS + threadIdx.x;
-            if (f < frags) store_out(p, r, f * 8, a[i], inv);
+            if (f < frags) store_out(p, ri.processed, r, f * 8, a[i], inv);
         }
     }
     flush_counts(p, cnt);
