@@ -4,9 +4,15 @@
 //
 // Defines: TK_IN (0 fp32, 1 bf16, 2 fp16), TK_E4M3 (1: e4m3fn output, saturating; 0: output in
 // the input dtype), TK_W (columns per lane access: 16 bytes of input, or 1), TK_K (slots),
-// TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given).
+// TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given), TK_TPB (tokens,
+// i.e. warps, per block: 1 by default, 4 before; a knob for an A/B run).
 //
-// One warp per token (4 per block, 5 blocks per SM at <= 96 registers: 20 warps). Lane j of
+// One warp per token (TK_TPB per block, 20 / TK_TPB blocks per SM at <= 96 registers: 20 warps).
+// A token's time grows with its legal slots (on the EP8 benchmark 0-3 of 6: 4 batches for one
+// slot, 7 for two, 14 for three or four), and a block holds its SM slot until its slowest warp
+// is done: with 4 tokens per block about half the blocks wait on a 2+-slot token while their
+// other warps idle (~0.7 of the resident warps busy). One warp per block frees each warp's slot
+// as soon as its token is done, so every resident warp keeps its loads in flight. Lane j of
 // slot group g first reads slot 32g + j; the group's legal slots are then compacted in slot
 // order (lane r holds the r-th legal slot's row p and scalar s), so the sweep touches only the
 // rows that count (a skipped slot never changes acc, so the FMA order is the spec's). The warp
@@ -20,7 +26,7 @@
 // can change the bits.
 // A warp's first memory round (the token's positions and weights: first-touch DRAM misses of a
 // few bytes) has no row data in flight. Each warp therefore asks L2 for the positions and
-// weights of token t + ahead (ahead = about one resident block per SM, so the warp handling it
+// weights of token t + ahead (ahead = 4 tokens per SM, so the warp handling it
 // starts a few microseconds later and finds them in L2): a hint only, never a result.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,8 +34,8 @@
 #include "tk/moe.cuh"
 
 #if !defined(TK_IN) || !defined(TK_E4M3) || !defined(TK_W) || !defined(TK_K) || !defined(TK_WEIGHTS) || \
-    !defined(TK_XSF) || !defined(TK_SF)
-#error "TK_IN, TK_E4M3, TK_W, TK_K, TK_WEIGHTS, TK_XSF and TK_SF must be defined"
+    !defined(TK_XSF) || !defined(TK_SF) || !defined(TK_TPB)
+#error "TK_IN, TK_E4M3, TK_W, TK_K, TK_WEIGHTS, TK_XSF, TK_SF and TK_TPB must be defined"
 #endif
 
 using namespace tkm;
@@ -61,8 +67,9 @@ __device__ __forceinline__ out_t from_f32(float v) { return __float2half_rn(v); 
 
 typedef tk::uint_of_size<TK_W * sizeof(in_t)>::type in_vec_t;    // TK_W inputs
 typedef tk::uint_of_size<TK_W * sizeof(out_t)>::type out_vec_t;  // TK_W outputs
-constexpr int WARPS = 4;          // tokens per block (one per warp)
-constexpr int BLOCKS_PER_SM = 5;  // launch bounds: <= 96 registers, 20 warps per SM
+constexpr int WARPS = TK_TPB;                     // tokens per block (one per warp)
+constexpr int BLOCKS_PER_SM = 20 / WARPS;         // launch bounds: <= 96 registers, 20 warps per SM
+static_assert(WARPS >= 1 && 20 % WARPS == 0, "TK_TPB must divide 20");
 constexpr int KG = (TK_K + 31) / 32;
 constexpr int LOADS = 8;     // vector loads per lane in flight
 constexpr int MAX_ACC = 64;  // fp32 accumulators per lane at most (U * TK_W): no spills at 96 registers
