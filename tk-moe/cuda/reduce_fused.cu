@@ -73,6 +73,15 @@ static_assert(WARPS >= 1 && 20 % WARPS == 0, "TK_TPB must divide 20");
 constexpr int KG = (TK_K + 31) / 32;
 constexpr int LOADS = 8;     // vector loads per lane in flight
 constexpr int MAX_ACC = 64;  // fp32 accumulators per lane at most (U * TK_W): no spills at 96 registers
+// Vector loads per lane in flight for a token with a single legal slot (sweep<1, true>): there
+// each accumulator is written once from its own load (fma(x, s, +0)) and stored, never live
+// beside another load, so the 64-accumulator cap does not apply. TK_LOADS1 (default 16; 8 is
+// the earlier value, an A/B knob): 8 KB per warp in flight, 2 rounds per H = 7168 bf16 row
+// instead of 4.
+#ifndef TK_LOADS1
+#define TK_LOADS1 16
+#endif
+constexpr int LOADS1 = TK_LOADS1;
 
 union InVec {
     in_vec_t raw;
@@ -120,11 +129,7 @@ __device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_
                 }
 #pragma unroll
                 for (int j = 0; j < SB; ++j) {
-                    // With one slot in a single batch, acc is +0 here and a skipped slot loaded
-                    // +0 with s = 0 (lanes >= nv hold 0): fma(+0, 0, +0) = +0 leaves acc as
-                    // skipping would, so the FMA runs unconditionally (no branch keeping acc
-                    // live). Elsewhere acc may be -0, which fma(+0, 0, acc) would turn into +0.
-                    if (!(SB == 1 && ONE) && p[j] < 0) continue;
+                    if (p[j] < 0) continue;
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         InVec e;
@@ -143,6 +148,37 @@ __device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_
             OutVec o;
 #pragma unroll
             for (int i = 0; i < TK_W; ++i) o.e[i] = from_f32(TK_SF ? __fmul_rn(acc[u][i], gsf) : acc[u][i]);
+            out_row[c] = o.raw;
+        }
+    }
+}
+
+// The sweep of a token with at most one legal slot (KG == 1): row p (lane 0's compacted row,
+// -1 when none) with scalar s (0 when none), LOADS1 vectors per lane per batch. Each output
+// vector is computed from its own load and stored at once (no accumulator lives beside another
+// load). acc = fma(x, s, +0) as in sweep; with no legal slot x = +0 and s = 0, so the FMA gives
+// the +0 of an empty sum without a branch. out_row: (n,) output vectors of the token.
+__device__ __forceinline__ void sweep_one(out_vec_t* __restrict__ out_row, const in_vec_t* __restrict__ x, u64 ldx,
+                                          i32 p, float s, float gsf, u64 n, u32 lane) {
+    for (u64 b = 0; b < n; b += 32 * LOADS1) {
+        in_vec_t v[LOADS1];  // (LOADS1,) vectors of TK_W inputs, columns b + 32u + lane
+#pragma unroll
+        for (int u = 0; u < LOADS1; ++u) {
+            const u64 c = b + u * 32 + lane;
+            v[u] = (p >= 0 && c < n) ? __ldg(x + (u64)p * ldx + c) : in_vec_t{};
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS1; ++u) {
+            const u64 c = b + u * 32 + lane;
+            if (c >= n) continue;
+            InVec e;
+            e.raw = v[u];
+            OutVec o;
+#pragma unroll
+            for (int i = 0; i < TK_W; ++i) {
+                const float acc = __fmaf_rn(to_f32(e.e[i]), s, 0.0f);
+                o.e[i] = from_f32(TK_SF ? __fmul_rn(acc, gsf) : acc);
+            }
             out_row[c] = o.raw;
         }
     }
@@ -207,7 +243,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
         }
         out_vec_t* out_row = out + t * n;  // (n,) output vectors of token t
         if (KG == 1 && total <= 1)
-            sweep<1, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+            sweep_one(out_row, x, ldx, __shfl_sync(0xffffffffu, pos[0], 0), __shfl_sync(0xffffffffu, scl[0], 0), gsf,
+                      n, lane);
         else if (KG == 1 && total <= 2)
             sweep<2, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
         else if (KG == 1 && total <= 4)
