@@ -79,8 +79,13 @@ constexpr int LOADS = 8;  // compacted slots per batch of the multi-batch sweep
 // at most LOADS slots in one slot group): LOADS_ONE / SB column vectors of each of SB slots.
 // TK_LOADS_ONE (default 16; 8 gives the earlier batches, an A/B knob): 8 KB per warp in flight,
 // 2 rounds per H = 7168 bf16 row for a single-slot token instead of 4.
+// On sm_100a (not measured; ptxas spilled 46-56 bytes with 16) the default stays 8.
 #ifndef TK_LOADS_ONE
+#if __CUDA_ARCH__ >= 1000
+#define TK_LOADS_ONE 8
+#else
 #define TK_LOADS_ONE 16
+#endif
 #endif
 constexpr int LOADS_ONE = TK_LOADS_ONE;
 
