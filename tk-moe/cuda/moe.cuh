@@ -39,7 +39,11 @@ constexpr u32 WS_BINS = 1;
 // which that CTA sees every global write and atomic the other CTAs made before arriving. Resets
 // the ticket to zero in the last CTA (every other CTA has taken its ticket by then). The pattern
 // of a grid barrier: the CTA barrier orders its threads' accesses before thread 0's fence and
-// ticket; one thread fences (a fence per thread would cost a MEMBAR.SC.GPU each).
+// ticket; one thread fences (a fence per thread would cost a MEMBAR.SC.GPU each). The ticket is
+// reset AFTER the acquire fence: a fence waits until the thread's earlier memory operations are
+// performed, so a reset issued before it put one more L2 round trip (the reset's) on the last
+// CTA's critical path; after it, nothing waits for the reset (nobody reads the ticket again in
+// this launch; the next launch on the stream sees it zero).
 __device__ __forceinline__ bool last_block_done(u32* ws) {
     __shared__ bool last;
     __syncthreads();
@@ -47,8 +51,8 @@ __device__ __forceinline__ bool last_block_done(u32* ws) {
         __threadfence();  // release: this CTA's global writes and atomics before its ticket
         last = atomicAdd(ws + WS_TICKET, 1u) == gridDim.x - 1;
         if (last) {
-            atomicExch(ws + WS_TICKET, 0u);
             __threadfence();  // acquire: the other CTAs' writes are seen from here on
+            atomicExch(ws + WS_TICKET, 0u);
         }
     }
     __syncthreads();

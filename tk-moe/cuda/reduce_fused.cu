@@ -4,23 +4,32 @@
 //
 // Defines: TK_IN (0 fp32, 1 bf16, 2 fp16), TK_E4M3 (1: e4m3fn output, saturating; 0: output in
 // the input dtype), TK_W (columns per lane access: 16 bytes of input, or 1), TK_K (slots),
-// TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given).
+// TK_WEIGHTS, TK_XSF, TK_SF (0/1: whether topk_weights, x_sf, sf are given), TK_TPB (tokens,
+// i.e. warps, per block: 1 by default, 4 before; a knob for an A/B run).
 //
-// One warp per token (4 per block, 5 blocks per SM at <= 96 registers: 20 warps). Lane j of
-// slot group g first reads slot 32g + j; the group's legal slots are then compacted in slot
-// order (lane r holds the r-th legal slot's row p and scalar s), so the sweep touches only the
-// rows that count (a skipped slot never changes acc, so the FMA order is the spec's). The warp
-// sweeps the columns in batches of SB compacted slots x U column vectors (16 bytes) per lane,
-// SB the smallest power of two >= the token's legal slots (capped at LOADS = 8) and
-// U = min(LOADS / SB, 64 / TK_W) (at most 64 accumulators per lane): a token with one legal
-// slot keeps 8 16-byte loads per lane in flight instead of one (4 KB per warp, 80 KB per SM),
-// so the bytes in flight no longer shrink with the legal slots per token (~1.3 of 6 on the
-// EP8 benchmark). All loads of a batch are issued before its FMAs, which run in slot order.
+// One warp per token (TK_TPB per block, 20 / TK_TPB blocks per SM at <= 96 registers: 20 warps).
+// A token's time grows with its legal slots (on the EP8 benchmark ~70 % of the tokens have one
+// legal slot of 6, ~25 % two, ~5 % three: 4 batches for one slot, 7 for two, 14 for three or
+// four), and a block holds its SM slot until its slowest warp is done: with 4 tokens per block
+// ~3/4 of the blocks wait on a 2+-slot token while their other warps idle (mean 5.3 batches per
+// token against 7.6 for the slowest of 4: ~0.7 of the resident warps busy). One warp per block
+// frees each warp's slot as soon as its token is done, so every resident warp keeps its loads in
+// flight. Lane j of slot group g first reads slot 32g + j; the group's legal slots are then
+// compacted in slot order (lane r holds the r-th legal slot's row p and scalar s), so the sweep touches only the
+// (a skipped slot never changes acc, so the FMA order is the spec's). A token
+// whose legal slots fit one batch (one slot group, at most LOADS = 8: every token of the K = 6
+// benchmark) is swept by sweep_batch<SB>, SB the smallest power of two >= its legal slots: each
+// batch loads LOADS_ONE / SB column vectors (16 bytes) of each slot per lane, LOADS_ONE = 16
+// loads (8 KB per warp) in flight for up to 4 legal slots (~1.4 of 6 on the EP8 benchmark; 8
+// loads, one vector per slot, for 5 to 8),
+// and each output vector is finished and stored right after its loads. Other tokens use sweep
+// (one column vector per lane, batches of 8 slots). All loads of a batch are issued before its
+// FMAs, which run in slot order.
 // The arithmetic uses explicit __fmaf_rn / __fmul_rn so that no contraction or reassociation
 // can change the bits.
 // A warp's first memory round (the token's positions and weights: first-touch DRAM misses of a
 // few bytes) has no row data in flight. Each warp therefore asks L2 for the positions and
-// weights of token t + ahead (ahead = about one resident block per SM, so the warp handling it
+// weights of token t + ahead (ahead = 4 tokens per SM, so the warp handling it
 // starts a few microseconds later and finds them in L2): a hint only, never a result.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,8 +37,8 @@
 #include "tk/moe.cuh"
 
 #if !defined(TK_IN) || !defined(TK_E4M3) || !defined(TK_W) || !defined(TK_K) || !defined(TK_WEIGHTS) || \
-    !defined(TK_XSF) || !defined(TK_SF)
-#error "TK_IN, TK_E4M3, TK_W, TK_K, TK_WEIGHTS, TK_XSF and TK_SF must be defined"
+    !defined(TK_XSF) || !defined(TK_SF) || !defined(TK_TPB)
+#error "TK_IN, TK_E4M3, TK_W, TK_K, TK_WEIGHTS, TK_XSF, TK_SF and TK_TPB must be defined"
 #endif
 
 using namespace tkm;
@@ -61,11 +70,24 @@ __device__ __forceinline__ out_t from_f32(float v) { return __float2half_rn(v); 
 
 typedef tk::uint_of_size<TK_W * sizeof(in_t)>::type in_vec_t;    // TK_W inputs
 typedef tk::uint_of_size<TK_W * sizeof(out_t)>::type out_vec_t;  // TK_W outputs
-constexpr int WARPS = 4;          // tokens per block (one per warp)
-constexpr int BLOCKS_PER_SM = 5;  // launch bounds: <= 96 registers, 20 warps per SM
+constexpr int WARPS = TK_TPB;                     // tokens per block (one per warp)
+constexpr int BLOCKS_PER_SM = 20 / WARPS;         // launch bounds: <= 96 registers, 20 warps per SM
+static_assert(WARPS >= 1 && 20 % WARPS == 0, "TK_TPB must divide 20");
 constexpr int KG = (TK_K + 31) / 32;
-constexpr int LOADS = 8;     // vector loads per lane in flight
-constexpr int MAX_ACC = 64;  // fp32 accumulators per lane at most (U * TK_W): no spills at 96 registers
+constexpr int LOADS = 8;  // compacted slots per batch of the multi-batch sweep
+// Vector loads per lane in flight for a token whose legal slots fit one batch (sweep_batch:
+// at most LOADS slots in one slot group): LOADS_ONE / SB column vectors of each of SB slots.
+// TK_LOADS_ONE (default 16; 8 gives the earlier batches, an A/B knob): 8 KB per warp in flight,
+// 2 rounds per H = 7168 bf16 row for a single-slot token instead of 4.
+// On sm_100a (not measured; ptxas spilled 46-56 bytes with 16) the default stays 8.
+#ifndef TK_LOADS_ONE
+#if __CUDA_ARCH__ >= 1000
+#define TK_LOADS_ONE 8
+#else
+#define TK_LOADS_ONE 16
+#endif
+#endif
+constexpr int LOADS_ONE = TK_LOADS_ONE;
 
 union InVec {
     in_vec_t raw;
@@ -76,68 +98,99 @@ union OutVec {
     out_t e[TK_W];
 };
 
-// The sweep of one token's columns with batches of SB compacted slots x U column vectors per
-// lane. pos/scl: lane r of group g holds the row and scalar of the group's r-th
-// legal slot; nv[g]: the group's legal slots (warp-uniform). ONE: the token has one slot group
-// and at most SB legal slots, so each column block is one batch (no loop between the loads and
-// the stores: ptxas keeps only the loads and one vector's accumulators live). out_row: (n,)
-// output vectors of the token.
-template <int SB, bool ONE>
-__device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_vec_t* __restrict__ x, u64 ldx,
-                                      const i32 (&pos)[KG], const float (&scl)[KG], const u32 (&nv)[KG],
-                                      float gsf, u64 n, u32 lane) {
-    constexpr int U = LOADS / SB < MAX_ACC / TK_W ? LOADS / SB : MAX_ACC / TK_W;
-    constexpr int G = ONE ? 1 : KG;
-    for (u64 b = 0; b < n; b += 32 * U) {  // the whole warp iterates: shuffles need every lane
-        float acc[U][TK_W];  // (U, TK_W) columns b + 32u + lane
+// The sweep of a token whose legal slots fit one batch (one slot group, nv <= SB): pos/scl:
+// lane r holds the row and scalar of the r-th legal slot (-1 and 0 for r >= nv); U = LOADS_ONE /
+// SB column vectors per lane per batch (one for SB = 8). All loads of a batch are issued first; then each output
+// vector's FMAs run in slot order from +0 and it is stored at once, so no accumulator lives
+// beside another vector's loads (LOADS_ONE 16-byte loads per lane fit in registers). Slot 0's
+// FMA runs unconditionally: with no legal slot (SB = 1 only) x = +0 and s = 0, and
+// fma(+0, 0, +0) = +0 is the empty sum. out_row: (n,) output vectors of the token.
+template <int SB>
+__device__ __forceinline__ void sweep_batch(out_vec_t* __restrict__ out_row, const in_vec_t* __restrict__ x, u64 ldx,
+                                            i32 pos, float scl, u32 nv, float gsf, u64 n, u32 lane) {
+    // 5-8 slots keep one vector each (8 loads): 16 spilled a few registers.
+    constexpr int U = SB >= LOADS || LOADS_ONE / SB < 1 ? 1 : LOADS_ONE / SB;
+    i32 p[SB];    // (SB,) rows of the compacted slots (-1: none; warp-uniform)
+    float s[SB];  // (SB,) their scalars
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+    for (int j = 0; j < SB; ++j) {
+        p[j] = __shfl_sync(0xffffffffu, pos, j);
+        s[j] = __shfl_sync(0xffffffffu, scl, j);
+        if (j >= (int)nv) p[j] = -1;
+    }
+    for (u64 b = 0; b < n; b += 32 * U) {
+        in_vec_t v[SB][U];  // (SB, U) vectors of TK_W inputs, columns b + 32u + lane
 #pragma unroll
-            for (int i = 0; i < TK_W; ++i) acc[u][i] = 0.0f;
+        for (int j = 0; j < SB; ++j)
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-            for (u32 j0 = 0; ONE ? j0 == 0 : j0 < nv[g]; j0 += SB) {  // warp-uniform (one batch when ONE)
-                i32 p[SB];
-                float s[SB];
-                in_vec_t v[SB][U];  // (SB, U) vectors of TK_W inputs
-#pragma unroll
-                for (int j = 0; j < SB; ++j) {
-                    p[j] = __shfl_sync(0xffffffffu, pos[g], (j0 + j) % 32);
-                    s[j] = __shfl_sync(0xffffffffu, scl[g], (j0 + j) % 32);
-                    if (j0 + j >= nv[g]) p[j] = -1;
-#pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const u64 c = b + u * 32 + lane;
-                        v[j][u] = (p[j] >= 0 && c < n) ? __ldg(x + (u64)p[j] * ldx + c) : in_vec_t{};
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < SB; ++j) {
-                    // With one slot in a single batch, acc is +0 here and a skipped slot loaded
-                    // +0 with s = 0 (lanes >= nv hold 0): fma(+0, 0, +0) = +0 leaves acc as
-                    // skipping would, so the FMA runs unconditionally (no branch keeping acc
-                    // live). Elsewhere acc may be -0, which fma(+0, 0, acc) would turn into +0.
-                    if (!(SB == 1 && ONE) && p[j] < 0) continue;
-#pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        InVec e;
-                        e.raw = v[j][u];
-#pragma unroll
-                        for (int i = 0; i < TK_W; ++i) acc[u][i] = __fmaf_rn(to_f32(e.e[i]), s[j], acc[u][i]);
-                    }
-                }
-                if (ONE) break;
+            for (int u = 0; u < U; ++u) {
+                const u64 c = b + u * 32 + lane;
+                v[j][u] = (p[j] >= 0 && c < n) ? __ldg(x + (u64)p[j] * ldx + c) : in_vec_t{};
             }
-        }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u64 c = b + u * 32 + lane;
             if (c >= n) continue;
+            float acc[TK_W];  // (TK_W,) columns of vector c
+#pragma unroll
+            for (int i = 0; i < TK_W; ++i) acc[i] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < SB; ++j) {
+                if (j > 0 && p[j] < 0) continue;
+                InVec e;
+                e.raw = v[j][u];
+#pragma unroll
+                for (int i = 0; i < TK_W; ++i) acc[i] = __fmaf_rn(to_f32(e.e[i]), s[j], acc[i]);
+            }
             OutVec o;
 #pragma unroll
-            for (int i = 0; i < TK_W; ++i) o.e[i] = from_f32(TK_SF ? __fmul_rn(acc[u][i], gsf) : acc[u][i]);
+            for (int i = 0; i < TK_W; ++i) o.e[i] = from_f32(TK_SF ? __fmul_rn(acc[i], gsf) : acc[i]);
             out_row[c] = o.raw;
         }
+    }
+}
+
+// The sweep of a token with more legal slots than one batch holds (or more than one slot
+// group): pos/scl/nv as in the kernel (per slot group g: lane r holds the group's r-th legal
+// slot, nv[g] legal slots, warp-uniform). Each column vector's accumulator stays live over
+// batches of LOADS compacted slots (one 16-byte load of each per lane), FMAs in slot order.
+// out_row: (n,) output vectors of the token.
+__device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_vec_t* __restrict__ x, u64 ldx,
+                                      const i32 (&pos)[KG], const float (&scl)[KG], const u32 (&nv)[KG],
+                                      float gsf, u64 n, u32 lane) {
+    for (u64 c0 = 0; c0 < n; c0 += 32) {  // the whole warp iterates: shuffles need every lane
+        const u64 c = c0 + lane;
+        float acc[TK_W];  // (TK_W,) columns of vector c
+#pragma unroll
+        for (int i = 0; i < TK_W; ++i) acc[i] = 0.0f;
+#pragma unroll
+        for (int g = 0; g < KG; ++g) {
+            for (u32 j0 = 0; j0 < nv[g]; j0 += LOADS) {  // warp-uniform
+                i32 p[LOADS];
+                float s[LOADS];
+                in_vec_t v[LOADS];  // (LOADS,) vectors of TK_W inputs
+#pragma unroll
+                for (int j = 0; j < LOADS; ++j) {
+                    p[j] = __shfl_sync(0xffffffffu, pos[g], (j0 + j) % 32);
+                    s[j] = __shfl_sync(0xffffffffu, scl[g], (j0 + j) % 32);
+                    if (j0 + j >= nv[g]) p[j] = -1;
+                    v[j] = (p[j] >= 0 && c < n) ? __ldg(x + (u64)p[j] * ldx + c) : in_vec_t{};
+                }
+#pragma unroll
+                for (int j = 0; j < LOADS; ++j) {
+                    if (p[j] < 0) continue;
+                    InVec e;
+                    e.raw = v[j];
+#pragma unroll
+                    for (int i = 0; i < TK_W; ++i) acc[i] = __fmaf_rn(to_f32(e.e[i]), s[j], acc[i]);
+                }
+            }
+        }
+        if (c >= n) continue;
+        OutVec o;
+#pragma unroll
+        for (int i = 0; i < TK_W; ++i) o.e[i] = from_f32(TK_SF ? __fmul_rn(acc[i], gsf) : acc[i]);
+        out_row[c] = o.raw;
     }
 }
 
@@ -200,14 +253,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
         }
         out_vec_t* out_row = out + t * n;  // (n,) output vectors of token t
         if (KG == 1 && total <= 1)
-            sweep<1, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+            sweep_batch<1>(out_row, x, ldx, pos[0], scl[0], nv[0], gsf, n, lane);
         else if (KG == 1 && total <= 2)
-            sweep<2, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+            sweep_batch<2>(out_row, x, ldx, pos[0], scl[0], nv[0], gsf, n, lane);
         else if (KG == 1 && total <= 4)
-            sweep<4, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+            sweep_batch<4>(out_row, x, ldx, pos[0], scl[0], nv[0], gsf, n, lane);
         else if (KG == 1 && total <= LOADS)
-            sweep<LOADS, true>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+            sweep_batch<LOADS>(out_row, x, ldx, pos[0], scl[0], nv[0], gsf, n, lane);
         else
-            sweep<LOADS, false>(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
+            sweep(out_row, x, ldx, pos, scl, nv, gsf, n, lane);
     }
 }

@@ -282,13 +282,14 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`).
 ///
-/// **Kernel** (`cuda/reduce_fused.cu`): one warp per token; lane `j` first computes slot `j`'s
+/// **Kernel** (`cuda/reduce_fused.cu`): one warp per token, one token per block (a block's SM
+/// slot is freed as soon as its token is done, whatever its neighbours' legal slots); lane `j` first computes slot `j`'s
 /// row and scalar `s = w·x_sf[p]`, the legal slots are compacted in slot order, then the warp
 /// sweeps the columns in batches of up to 8 16-byte loads per lane in flight whatever the
 /// number of legal slots (one legal slot: 8 column vectors; eight: one vector of each),
 /// accumulating with `__fmaf_rn` in slot order and storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
 /// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3). Each warp also prefetches
-/// into L2 the positions and weights of the token one resident block per SM ahead, so that the
+/// into L2 the positions and weights of the token `4 · sm_count` tokens ahead, so that the
 /// warp's first (index) round is an L2 hit rather than a DRAM miss with no row data in flight.
 ///
 /// **Index contract on the GPU**: an entry of `token_topk_to_pos` that is not `-1` or in `0..M`
@@ -315,8 +316,12 @@ mod gpu {
         needs_cuda_headers: true,
     };
 
-    /// Tokens per block of `tk_reduce_fused` (one warp each; the kernel's `WARPS`).
-    const TOKENS_PER_BLOCK: usize = 4;
+    /// Tokens per block of `tk_reduce_fused` (one warp each; the kernel's `TK_TPB`, a divisor of
+    /// 20). 1: a block's SM slot is freed as soon as its token is done (tokens differ in legal
+    /// slots, hence in time); 4 is the earlier layout, kept as an A/B knob.
+    const TOKENS_PER_BLOCK: usize = 1;
+    /// The L2 prefetch distance in tokens per SM (about one 4-token block per SM ahead).
+    const PREFETCH_TOKENS_PER_SM: usize = 4;
 
     /// The device tensor arguments of `reduce_fused`: [`ReduceFusedTensors`] of device views.
     pub type DeviceReduceFusedInputs<'a, T> =
@@ -355,6 +360,7 @@ mod gpu {
             .define("TK_WEIGHTS", o.weights as u8)
             .define("TK_XSF", o.x_sf as u8)
             .define("TK_SF", o.sf as u8)
+            .define("TK_TPB", TOKENS_PER_BLOCK)
     }
 
     /// Representative specialisations (the spec's benchmark: K = 6 with weights, fp32 / bf16
@@ -513,8 +519,8 @@ mod gpu {
         let ttp = inputs.token_topk_to_pos.address();
         let ld_ttp = row_stride(inputs.token_topk_to_pos.layout());
         let (t, m) = (shape.num_tokens as u64, shape.num_rows as u64);
-        // The L2 prefetch distance: about one resident block per SM ahead (cuda/reduce_fused.cu).
-        let ahead = (dev.props().sm_count as usize * TOKENS_PER_BLOCK) as u64;
+        // The L2 prefetch distance: a few tokens per SM ahead (cuda/reduce_fused.cu).
+        let ahead = (dev.props().sm_count as usize * PREFETCH_TOKENS_PER_SM) as u64;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
             .arg(&x_addr)
