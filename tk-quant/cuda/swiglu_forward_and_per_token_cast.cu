@@ -20,6 +20,8 @@
 //   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set)
 //   TK_RPT       tiled path: rows per team (2 for bf16, 1 for fp32 input: 64 bytes in flight)
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
+//   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
+//                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
 //   TK_FASTDIV   see tk/fused_io.cuh (default 1)
 //   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
 //                fragments per thread; undefined: the tiled path (groups of 128 columns)
@@ -62,7 +64,7 @@ constexpr int CLAMP = TK_CLAMP;
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
-// Loaded before the row's data so that the dependent weight load overlaps it.
+// Loaded (with the dependent weight) once per row tile, before the row's data.
 struct RowInfo {
     bool processed;
     i32 slot;
@@ -183,26 +185,37 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // ---------------------------------------------------------------------------------------------
 // Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = 16 teams of 16
 // lanes; a team covers one 128-column group of RPT rows, each lane 8 columns of each row.
-// Tile: 16 RPT rows x 128 columns; grid x over column tiles (H / 128), y over row tiles. A lane
-// first loads its rows' routing entries, then all its x fragments (raw words, kept narrow until
-// used), then the weights (which depend on the routing entries), so the loads overlap; then it
-// activates all its rows and reduces their team maxima together (the RPT shuffle chains
-// interleave); at most 64 registers (TK_MINB 4) give 32 resident warps per SM.
+// Tile: 16 RPT rows x 128 columns; grid x over runs of CT consecutive column tiles, y over row
+// tiles. A lane loads its rows' routing entries and weights once per row tile (the dependent
+// pos_to_token_topk -> topk_weights chain and the index arithmetic are paid once for CT
+// tiles, not once per tile: with one tile per CTA these per-thread costs were about half the
+// executed instructions); then per column tile it loads all its x fragments (raw words, kept
+// narrow until used), activates all its rows and reduces their team maxima together (the RPT
+// shuffle chains interleave); at most 64 registers (TK_MINB 4) give 32 resident warps per SM.
 // ---------------------------------------------------------------------------------------------
+#ifndef TK_CT
+#define TK_CT 1
+#endif
 constexpr int RPT = TK_RPT, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
     const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
+    const u64 tc0 = (u64)blockIdx.x * TK_CT;                                  // first column tile
+    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;          // end of the run
     u32 cnt[3] = {0, 0, 0};
     for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
-            const u64 c0 = tc * TC + tl * 8;     // first column of this lane's fragments
-            const u64 r0 = tr * TR + team * RPT;  // first row of this team
-            RowInfo ri[RPT];                      // rows beyond N: not processed
+        const u64 r0 = tr * TR + team * RPT;  // first row of this team
+        RowInfo ri[RPT];                      // rows beyond N: not processed
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
-            Words l[RPT], v[RPT];  // (RPT rows) raw gate and value fragments, all in flight
+        for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
+        float w[RPT];  // (RPT,) routing weights
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+#pragma unroll 1
+        for (u64 tc = tc0; tc < tc1; ++tc) {
+            const u64 c0 = tc * TC + tl * 8;  // first column of this lane's fragments
+            Words l[RPT], v[RPT];             // (RPT rows) raw gate and value fragments, all in flight
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 if (r0 + i < p.n) load_pair(p, r0 + i, c0, l[i], v[i]);
@@ -210,9 +223,6 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
 #pragma unroll
                     for (int j = 0; j < IN_BYTES * 2; ++j) l[i][j] = v[i][j] = 0;
             }
-            float w[RPT];  // (RPT,) routing weights
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
             float a[RPT][8];  // (RPT rows, 8 columns) activations
 #pragma unroll
             for (int i = 0; i < RPT; ++i) activate(p, ri[i].processed, w[i], l[i], v[i], a[i], cnt);

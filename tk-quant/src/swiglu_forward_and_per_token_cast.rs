@@ -498,6 +498,11 @@ mod gpu {
         }
     }
 
+    /// The tiled path's column tiles (128 columns each) per CTA: the routing entries, weights
+    /// and index arithmetic of a lane's rows are computed once for this many tiles (`TK_CT`;
+    /// 1 gives one tile per CTA).
+    const COL_TILES_PER_CTA: usize = 4;
+
     impl FwdKernel {
         pub(crate) fn spec(&self) -> KernelSpec {
             let out = match self.out {
@@ -522,7 +527,8 @@ mod gpu {
                 // At most 64 registers: 4 CTAs (32 warps) per SM.
                 None => s
                     .define("TK_RPT", rows_per_team(self.bf16_in))
-                    .define("TK_MINB", 4),
+                    .define("TK_MINB", 4)
+                    .define("TK_CT", COL_TILES_PER_CTA),
             }
         }
     }
@@ -747,7 +753,7 @@ mod gpu {
             },
             None => LaunchConfig {
                 grid_dim: (
-                    (h / 128) as u32,
+                    (h / 128).div_ceil(COL_TILES_PER_CTA) as u32,
                     n.div_ceil(16 * rows_per_team(kernel.bf16_in)).min(65535) as u32,
                     1,
                 ),
