@@ -18,7 +18,10 @@
 //   TK_ROUND     (quantized) 1: power-of-two scales
 //   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
 //   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set)
-//   TK_RPT       tiled path: rows per team (2 for bf16, 1 for fp32 input: 64 bytes in flight)
+//   TK_RPT       tiled path: rows per team
+//   TK_FPL       tiled path: 8-column fragments per lane and row (1 or 2; default 1); the
+//                host uses RPT x FPL = 2 for bf16 (RPT 1, FPL 2), 1 for fp32 input: 64 bytes
+//                of x in flight per lane
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
@@ -97,11 +100,22 @@ __device__ __forceinline__ float row_weight(const Params& p, i32 slot) {
     return ok ? reinterpret_cast<const float*>(p.tw)[at] : 0.0f;
 }
 
+// Loads the raw gate and value fragments f < F (8 columns from c0 + 8 f each) of row r: one
+// row offset, the fragments at constant byte offsets from it.
+template <int F>
+__device__ __forceinline__ void load_pairs(const Params& p, u64 r, u64 c0, Words (&l)[F], Words (&v)[F]) {
+    const u8* gate = reinterpret_cast<const u8*>(p.x) + (r * p.ldx + c0) * IN_BYTES;  // (2H - c0,) elements
+    const u8* val = gate + p.h * IN_BYTES;                                             // (H - c0,) elements
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+        tkq::load_bytes<IN_BYTES * 8, VECIO>(gate + f * 8 * IN_BYTES, l[f]);
+        tkq::load_bytes<IN_BYTES * 8, VECIO>(val + f * 8 * IN_BYTES, v[f]);
+    }
+}
+
 // Loads the raw gate and value fragments (8 columns from c0) of row r.
 __device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words& l, Words& v) {
-    const u8* row = reinterpret_cast<const u8*>(p.x) + r * p.ldx * IN_BYTES;  // (2H,) elements
-    tkq::load_bytes<IN_BYTES * 8, VECIO>(row + c0 * IN_BYTES, l);
-    tkq::load_bytes<IN_BYTES * 8, VECIO>(row + (p.h + c0) * IN_BYTES, v);
+    load_pairs<1>(p, r, c0, reinterpret_cast<Words (&)[1]>(l), reinterpret_cast<Words (&)[1]>(v));
 }
 
 // The activation a (8,) of a fragment from its raw gate lw and value vw, times the row weight
@@ -136,21 +150,31 @@ constexpr int OUT_WORDS = tkq::Plain8<TK_OUT>::WORDS;
 constexpr int OUT_WORDS = tkq::Quant8<TK_OUT - 2>::WORDS;
 #endif
 
-// Stores the fragment at row r, columns c0.. in the output format (quantized with inv); a
-// padding row (not processed) gets +0 codes, selected on the packed words (OUT_WORDS selects
-// instead of 8 on the values).
-__device__ __forceinline__ void store_out(const Params& p, bool processed, u64 r, u64 c0, const float (&a)[8], float inv) {
-    u32 w[OUT_WORDS];  // (OUT_WORDS,) packed output of the 8 columns
-#if TK_OUT < 2
-    tkq::pack8_plain<TK_OUT>(a, w);
-#else
-    tkq::pack8_quant<TK_OUT - 2>(a, inv, w);
-#endif
-#pragma unroll
-    for (int j = 0; j < OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+// Stores the fragments f < F (8 columns from c0 + 8 f each) of row r in the output format
+// (quantized with inv), at constant byte offsets from one row offset; a padding row (not
+// processed) gets +0 codes, selected on the packed words (OUT_WORDS selects instead of 8 on
+// the values).
+template <int F>
+__device__ __forceinline__ void store_outs(const Params& p, bool processed, u64 r, u64 c0, const float (&a)[F][8], float inv) {
     // (N, H) fp32 / bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes
     u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + c0) / 8 * (OUT_WORDS * 4);
-    tkq::store_bytes<OUT_WORDS * 4, VECIO>(out, w);
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+        u32 w[OUT_WORDS];  // (OUT_WORDS,) packed output of the 8 columns
+#if TK_OUT < 2
+        tkq::pack8_plain<TK_OUT>(a[f], w);
+#else
+        tkq::pack8_quant<TK_OUT - 2>(a[f], inv, w);
+#endif
+#pragma unroll
+        for (int j = 0; j < OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+        tkq::store_bytes<OUT_WORDS * 4, VECIO>(out + f * (OUT_WORDS * 4), w);
+    }
+}
+
+// Stores the fragment at row r, columns c0.. (store_outs of one fragment).
+__device__ __forceinline__ void store_out(const Params& p, bool processed, u64 r, u64 c0, const float (&a)[8], float inv) {
+    store_outs<1>(p, processed, r, c0, reinterpret_cast<const float (&)[1][8]>(a), inv);
 }
 
 // (sf, inv) of a group with maximum amax; a padding row gets (0, 0) (store_out zeroes its codes).
@@ -183,26 +207,34 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 
 #ifndef TK_THREADS
 // ---------------------------------------------------------------------------------------------
-// Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = 16 teams of 16
-// lanes; a team covers one 128-column group of RPT rows, each lane 8 columns of each row.
-// Tile: 16 RPT rows x 128 columns; grid x over runs of CT consecutive column tiles, y over row
-// tiles. A lane loads its rows' routing entries and weights once per row tile (the dependent
-// pos_to_token_topk -> topk_weights chain and the index arithmetic are paid once for CT
-// tiles, not once per tile: with one tile per CTA these per-thread costs were about half the
-// executed instructions); then per column tile it loads all its x fragments (raw words, kept
-// narrow until used), activates all its rows and reduces their team maxima together (the RPT
-// shuffle chains interleave); at most 64 registers (TK_MINB 4) give 32 resident warps per SM.
+// Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = teams of
+// TEAM = 16 / FPL lanes; a team covers one 128-column group of RPT rows, each lane FPL
+// adjacent fragments (8 FPL columns) of each row. Tile: TEAMS RPT rows x 128 columns; grid x
+// over runs of CT consecutive column tiles, y over row tiles. A lane loads its rows' routing
+// entries and weights once per row tile (the dependent pos_to_token_topk -> topk_weights
+// chain and the index arithmetic are paid once for CT tiles, not once per tile: with one tile
+// per CTA these per-thread costs were about half the executed instructions); then per column
+// tile it loads all its x fragments (raw words, kept narrow until used), activates them and
+// reduces the rows' team maxima together (the RPT shuffle chains interleave). With FPL 2 a
+// row's per-tile costs (row offsets, log2(TEAM) shuffles, scale, row checks) are shared by 16
+// elements instead of 8, and the second fragment's addresses are the first's plus a constant.
+// At most 64 registers (TK_MINB 4) give 32 resident warps per SM.
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_CT
 #define TK_CT 1
 #endif
-constexpr int RPT = TK_RPT, TEAM = 16, TEAMS = 256 / TEAM, TR = TEAMS * RPT, TC = TEAM * 8;
+#ifndef TK_FPL
+#define TK_FPL 1
+#endif
+constexpr int RPT = TK_RPT, FPL = TK_FPL, NS = RPT * FPL;  // NS fragments (slots) per lane
+constexpr int TC = 128, TEAM = TC / (8 * FPL), TEAMS = 256 / TEAM, TR = TEAMS * RPT;
+static_assert(FPL == 1 || FPL == 2, "TK_FPL is 1 or 2");
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
     const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
-    const u64 tc0 = (u64)blockIdx.x * TK_CT;                                  // first column tile
-    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;          // end of the run
+    const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
+    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
     u32 cnt[3] = {0, 0, 0};
     for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         const u64 r0 = tr * TR + team * RPT;  // first row of this team
@@ -214,18 +246,22 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
         for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
         for (u64 tc = tc0; tc < tc1; ++tc) {
-            const u64 c0 = tc * TC + tl * 8;  // first column of this lane's fragments
-            Words l[RPT], v[RPT];             // (RPT rows) raw gate and value fragments, all in flight
+            // Slot s = i FPL + f: row r0 + i, columns c0 + 8 f ..
+            const u64 c0 = tc * TC + tl * (8 * FPL);  // first column of this lane's fragments
+            Words l[RPT][FPL], v[RPT][FPL];           // (RPT rows, FPL) raw gate and value fragments, all in flight
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                if (r0 + i < p.n) load_pair(p, r0 + i, c0, l[i], v[i]);
+                if (r0 + i < p.n) load_pairs<FPL>(p, r0 + i, c0, l[i], v[i]);
                 else
 #pragma unroll
-                    for (int j = 0; j < IN_BYTES * 2; ++j) l[i][j] = v[i][j] = 0;
-            }
-            float a[RPT][8];  // (RPT rows, 8 columns) activations
+                    for (int f = 0; f < FPL; ++f)
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) activate(p, ri[i].processed, w[i], l[i], v[i], a[i], cnt);
+                        for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
+            }
+            float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
+#pragma unroll
+            for (int s = 0; s < NS; ++s)
+                activate(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt);
             // The rows' team maxima reduced together (their shuffle chains interleave), then
             // their scales; lane i < RPT stores the scale of row r0 + i.
             float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
@@ -234,11 +270,11 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             if constexpr (QUANT) {
                 float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
 #pragma unroll
-                for (int i = 0; i < RPT; ++i) {
-                    am[i] = 0.0f;
+                for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) am[i] = fmaxf(am[i], fabsf(a[i][j]));
-                }
+                for (int s = 0; s < NS; ++s)
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
 #pragma unroll
                 for (int o = 1; o < TEAM; o <<= 1)
 #pragma unroll
@@ -252,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             }
 #pragma unroll
             for (int i = 0; i < RPT; ++i)
-                if (r0 + i < p.n) store_out(p, ri[i].processed, r0 + i, c0, a[i], inv[i]);
+                if (r0 + i < p.n) store_outs<FPL>(p, ri[i].processed, r0 + i, c0, a[i], inv[i]);
             if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
     }

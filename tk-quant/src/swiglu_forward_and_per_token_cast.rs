@@ -338,9 +338,11 @@ pub use gpu::*;
 /// [`reference::swiglu_forward_and_per_token_cast_with_expf`](fn@crate::reference::swiglu_forward_and_per_token_cast_with_expf)
 /// given CUDA's `expf` (see [`crate::swiglu`]).
 ///
-/// Kernel: groups of 128 columns (and the plain formats) use a tiled kernel, a CTA of 16 teams
-/// of 16 lanes, each team one 128-column group of 2 rows (1 for fp32 input; 16-byte loads of
-/// gate and value, the group's amax by 4 warp shuffles), at most 64 registers; `npc == H` uses
+/// Kernel: groups of 128 columns (and the plain formats) use a tiled kernel, a CTA of 32 teams
+/// of 8 lanes, each lane 16 columns of one row (bf16 input; fp32: 16 teams of 16 lanes, 8
+/// columns per lane; 16-byte loads of gate and value, the group's amax by 3 or 4 warp
+/// shuffles), 4 column tiles per CTA with the row's routing loaded once, at most 64
+/// registers; `npc == H` uses
 /// one CTA per row, the row's activations held in registers between the amax and the cast.
 /// The division runs inline when a fragment's gates allow (the exact fast path of CUDA's
 /// division, see `cuda/fused_io.cuh`). No host synchronisation.
@@ -488,14 +490,21 @@ mod gpu {
         pub whole_row: Option<(usize, usize)>,
     }
 
-    /// The tiled path's CTA: 16 teams of 16 lanes, each team `rows_per_team` rows (2 for bf16
-    /// input, 1 for fp32: 64 bytes of x in flight per lane, which fits 64 registers).
-    fn rows_per_team(bf16_in: bool) -> usize {
+    /// The tiled path's lane shape `(rows per team, fragments per lane)`: 16 columns of one row
+    /// per lane (teams of 8 lanes) for bf16 input, 8 columns of one row (teams of 16) for fp32:
+    /// 64 bytes of x in flight per lane, which fits 64 registers.
+    fn lane_shape(bf16_in: bool) -> (usize, usize) {
         if bf16_in {
-            2
+            (1, 2)
         } else {
-            1
+            (1, 1)
         }
+    }
+
+    /// The tiled path's rows per CTA tile: `256 / (16 / fpl) * rpt`.
+    fn tile_rows(bf16_in: bool) -> usize {
+        let (rpt, fpl) = lane_shape(bf16_in);
+        16 * fpl * rpt
     }
 
     /// The tiled path's column tiles (128 columns each) per CTA: the routing entries, weights
@@ -526,7 +535,8 @@ mod gpu {
                 Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
                 // At most 64 registers: 4 CTAs (32 warps) per SM.
                 None => s
-                    .define("TK_RPT", rows_per_team(self.bf16_in))
+                    .define("TK_RPT", lane_shape(self.bf16_in).0)
+                    .define("TK_FPL", lane_shape(self.bf16_in).1)
                     .define("TK_MINB", 4)
                     .define("TK_CT", COL_TILES_PER_CTA),
             }
@@ -754,7 +764,7 @@ mod gpu {
             None => LaunchConfig {
                 grid_dim: (
                     (h / 128).div_ceil(COL_TILES_PER_CTA) as u32,
-                    n.div_ceil(16 * rows_per_team(kernel.bf16_in)).min(65535) as u32,
+                    n.div_ceil(tile_rows(kernel.bf16_in)).min(65535) as u32,
                     1,
                 ),
                 block_dim: (256, 1, 1),
