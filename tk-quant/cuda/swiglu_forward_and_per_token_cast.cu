@@ -150,26 +150,28 @@ constexpr int OUT_WORDS = tkq::Plain8<TK_OUT>::WORDS;
 constexpr int OUT_WORDS = tkq::Quant8<TK_OUT - 2>::WORDS;
 #endif
 
-// Stores the fragments f < F (8 columns from c0 + 8 f each) of row r in the output format
-// (quantized with inv), at constant byte offsets from one row offset; a padding row (not
-// processed) gets +0 codes, selected on the packed words (OUT_WORDS selects instead of 8 on
-// the values).
+// Stores the fragments f < F (8 columns from c0 + 8 f each; c0 a multiple of 8 F) of row r
+// in the output format (quantized with inv) as one run of F OUT_WORDS words (one 16-byte
+// store for two e4m3 fragments); a padding row (not processed) gets +0 codes, selected on the
+// packed words (OUT_WORDS selects instead of 8 on the values).
 template <int F>
 __device__ __forceinline__ void store_outs(const Params& p, bool processed, u64 r, u64 c0, const float (&a)[F][8], float inv) {
-    // (N, H) fp32 / bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes
-    u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + c0) / 8 * (OUT_WORDS * 4);
+    u32 w[F * OUT_WORDS];  // (F OUT_WORDS,) packed output of the 8 F columns
 #pragma unroll
     for (int f = 0; f < F; ++f) {
-        u32 w[OUT_WORDS];  // (OUT_WORDS,) packed output of the 8 columns
+        u32 (&wf)[OUT_WORDS] = *reinterpret_cast<u32 (*)[OUT_WORDS]>(w + f * OUT_WORDS);  // fragment f's words
 #if TK_OUT < 2
-        tkq::pack8_plain<TK_OUT>(a[f], w);
+        tkq::pack8_plain<TK_OUT>(a[f], wf);
 #else
-        tkq::pack8_quant<TK_OUT - 2>(a[f], inv, w);
+        tkq::pack8_quant<TK_OUT - 2>(a[f], inv, wf);
 #endif
-#pragma unroll
-        for (int j = 0; j < OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
-        tkq::store_bytes<OUT_WORDS * 4, VECIO>(out + f * (OUT_WORDS * 4), w);
     }
+#pragma unroll
+    for (int j = 0; j < F * OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+    // (N, H) fp32 / bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes; the run
+    // starts at a multiple of F OUT_WORDS * 4 bytes (H is a multiple of 128)
+    u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + c0) / 8 * (OUT_WORDS * 4);
+    tkq::store_bytes<F * OUT_WORDS * 4, VECIO>(out, w);
 }
 
 // Stores the fragment at row r, columns c0.. (store_outs of one fragment).
