@@ -39,19 +39,39 @@ constexpr u32 WS_BINS = 1;
 // which that CTA sees every global write and atomic the other CTAs made before arriving. Resets
 // the ticket to zero in the last CTA (every other CTA has taken its ticket by then). The pattern
 // of a grid barrier: the CTA barrier orders its threads' accesses before thread 0's fence and
-// ticket; one thread fences (a fence per thread would cost a MEMBAR.SC.GPU each). The ticket is
+// ticket; one thread fences (a fence per thread would cost a MEMBAR each). The ticket is
 // reset AFTER the acquire fence: a fence waits until the thread's earlier memory operations are
 // performed, so a reset issued before it put one more L2 round trip (the reset's) on the last
 // CTA's critical path; after it, nothing waits for the reset (nobody reads the ticket again in
 // this launch; the next launch on the stream sees it zero).
+//
+// The two fences are `fence.acq_rel.gpu` (SASS `MEMBAR.ALL.GPU`) by default: a release fence
+// before the ticket's atomic and an acquire fence after it is the PTX memory model's
+// message-passing pattern (release and acquire patterns through the ticket: the CTAs' writes
+// happen before the last CTA's reads; the CTA barrier before thread 0's fence makes the other
+// threads' writes part of it, as for the SC fence). The sequentially consistent
+// `fence.sc.gpu` (`__threadfence()`, SASS `MEMBAR.SC.GPU`) adds a total order over all SC
+// fences that nothing here needs, and costs more on the critical path (two fences of the last
+// CTA). `#define TK_FENCE_SC 1` restores `__threadfence()` for an A/B.
+#ifndef TK_FENCE_SC
+#define TK_FENCE_SC 0
+#endif
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+#if TK_FENCE_SC
+    __threadfence();
+#else
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ bool last_block_done(u32* ws) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();  // release: this CTA's global writes and atomics before its ticket
+        fence_acq_rel_gpu();  // release: this CTA's global writes and atomics before its ticket
         last = atomicAdd(ws + WS_TICKET, 1u) == gridDim.x - 1;
         if (last) {
-            __threadfence();  // acquire: the other CTAs' writes are seen from here on
+            fence_acq_rel_gpu();  // acquire: the other CTAs' writes are seen from here on
             atomicExch(ws + WS_TICKET, 0u);
         }
     }
