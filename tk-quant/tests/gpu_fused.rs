@@ -304,13 +304,15 @@ fn poisoned_tensor<T: tk_core::Element>(dev: &Device, shape: &[usize]) -> Device
 // swiglu_forward_and_per_token_cast
 // ---------------------------------------------------------------------------------------------
 
-/// Host and device copies of a forward input: `x` (plain, any layout), optional weights and
-/// `pos_to_expert`.
+/// Host and device copies of a forward input: `x` (plain, any layout), optional weights (any
+/// layout) and `pos_to_expert`.
 struct FwdData {
     x: Plain,
     layout: Layout,
     ptt: HostTensor<i32>,
     weights: HostTensor<f32>,
+    /// The `(T, k)` view of the weights' storage.
+    wlayout: Layout,
     pte: HostTensor<i32>,
     dx: DevPlain,
     dptt: DeviceTensor<i32>,
@@ -344,6 +346,7 @@ impl FwdData {
         Self {
             dptt: dev.upload(&ptt).unwrap(),
             dweights: dev.upload(&weights).unwrap(),
+            wlayout: Layout::contiguous(weights.shape()),
             dpte: dev.upload(&pte).unwrap(),
             x,
             layout,
@@ -352,6 +355,14 @@ impl FwdData {
             pte,
             dx,
         }
+    }
+
+    /// The same data with the weights `(T, k)` read through `wlayout` from `storage`.
+    fn with_weights(mut self, dev: &Device, storage: HostTensor<f32>, wlayout: Layout) -> Self {
+        self.dweights = dev.upload(&storage).unwrap();
+        self.weights = storage;
+        self.wlayout = wlayout;
+        self
     }
 
     fn n(&self) -> usize {
@@ -371,7 +382,11 @@ impl FwdData {
             x,
             topk: weights.then(|| TopkWeights {
                 pos_to_token_topk: self.ptt.view(),
-                topk_weights: self.weights.view(),
+                topk_weights: self
+                    .weights
+                    .view()
+                    .with_layout(self.wlayout.clone())
+                    .unwrap(),
             }),
             pos_to_expert: pte.then(|| self.pte.view()),
         }
@@ -390,7 +405,11 @@ impl FwdData {
             x,
             topk: weights.then(|| DeviceTopkWeights {
                 pos_to_token_topk: self.dptt.view(),
-                topk_weights: self.dweights.view(),
+                topk_weights: self
+                    .dweights
+                    .view()
+                    .with_layout(self.wlayout.clone())
+                    .unwrap(),
             }),
             pos_to_expert: pte.then(|| self.dpte.view()),
         }
@@ -748,7 +767,8 @@ fn gpu_swiglu_forward_off_grid() {
         ScaleOptions::packed_ue8m0(),
     ];
     // (N, H, fp32 input, row stride - 2H): odd row counts, hidden sizes off the grid, a whole
-    // row of 8192 (one CTA of 1024 threads), unaligned (bytewise) rows.
+    // row of 8192 (one CTA of 1024 threads), unaligned (bytewise) rows; the padded shapes also
+    // take weights that are not row-contiguous.
     let shapes = [
         (0, 128, false, 0),
         (1, 128, false, 0),
@@ -804,6 +824,21 @@ fn gpu_swiglu_forward_off_grid() {
             weights,
             HostTensor::from_vec(pte, &[n]).unwrap(),
         );
+        // Weights that are not row-contiguous (the kernel's general index path): column-major
+        // for odd pads, a padded row stride for pad 8.
+        let data = match pad {
+            3 | 5 => data.with_weights(
+                &dev,
+                rng.randn(&[k, t], |v| v),
+                Layout::new(vec![t, k], vec![1, t], 0).unwrap(),
+            ),
+            8 => data.with_weights(
+                &dev,
+                rng.randn(&[t, 2 * k + 1], |v| v),
+                Layout::new(vec![t, k], vec![2 * k + 1, 1], 0).unwrap(),
+            ),
+            _ => data,
+        };
         let table = ExpfTable::new(&dev, &data.expf_args(clamp));
         for (weights, pte) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut casts = vec![SwigluForwardParams::plain(SwigluOutFormat::BF16)];
