@@ -62,6 +62,22 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 
+// The default Src::rows: y[i] = values of row r0 + i (Src::load; 0 for rows >= M), row by row.
+template <class Src>
+struct RowwiseLoad {
+    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[RPT][8]) {
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            if (r0 + i < p.m) Src::load(p, r0 + i, c0, y[i]);
+            else
+#pragma unroll
+                for (int j = 0; j < 8; ++j) y[i][j] = 0.0f;
+        }
+    }
+};
+
+// Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
+// 0 for rows >= M (RowwiseLoad builds it from a per-row load).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
@@ -76,13 +92,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
             const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
             float y[RPT][8];  // (rows, columns) values
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                if (r0 + i < p.m) Src::load(p, r0 + i, c0, y[i]);
-                else
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) y[i][j] = 0.0f;
-            }
+            Src::rows(p, r0, c0, y);
             float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -183,7 +193,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 
 // Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
 template <int IN>
-struct PlainSrc {
+struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
     static __device__ __forceinline__ void load(const Params& p, u64 r, u64 c0, float (&v)[8]) {
         constexpr int B = IN == 0 ? 4 : 2;
         tkq::load8<IN, VECIO>(reinterpret_cast<const u8*>(p.x) + (r * p.ldx + c0) * B, v);
