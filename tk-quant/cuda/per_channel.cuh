@@ -17,10 +17,21 @@
 // maxima: registers over 4 rows, shuffles over a warp's 16 rows, shared memory across the
 // NPT/16 warps of a block; each (block, column) scale is then computed once, by one thread,
 // and its inverse shared through shared memory. The transposed output is staged as codes in
-// shared memory (64 columns x 128 rows, rows padded by 4 bytes) and written as 32 contiguous
-// bytes per thread.
+// shared memory (64 columns x 128 rows, rows padded by 4 bytes) and written as 16-byte chunks,
+// 8 consecutive threads per 128-byte run of an output row (knobs below).
 #pragma once
 #include "tk/fused_io.cuh"
+
+// Knobs of the transposed output (A/B): TK_PC_STORE16 1 writes the staged codes as 16-byte
+// chunks, 8 threads per 128-byte column run (0: 32 bytes per thread, 4 per run, half a sector per
+// store instruction); TK_PC_SWZ 1 rotates the staging order of lanes 4..7 of each row group to
+// avoid 2-way bank conflicts on the staging stores.
+#ifndef TK_PC_STORE16
+#define TK_PC_STORE16 1
+#endif
+#ifndef TK_PC_SWZ
+#define TK_PC_SWZ 1
+#endif
 
 using tk::u8;
 using tk::u32;
@@ -51,6 +62,22 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 
+// The default Src::rows: y[i] = values of row r0 + i (Src::load; 0 for rows >= M), row by row.
+template <class Src>
+struct RowwiseLoad {
+    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[RPT][8]) {
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            if (r0 + i < p.m) Src::load(p, r0 + i, c0, y[i]);
+            else
+#pragma unroll
+                for (int j = 0; j < 8; ++j) y[i][j] = 0.0f;
+        }
+    }
+};
+
+// Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
+// 0 for rows >= M (RowwiseLoad builds it from a per-row load).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
@@ -65,13 +92,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
             const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
             float y[RPT][8];  // (rows, columns) values
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                if (r0 + i < p.m) Src::load(p, r0 + i, c0, y[i]);
-                else
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) y[i][j] = 0.0f;
-            }
+            Src::rows(p, r0, c0, y);
             float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -116,14 +137,41 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
                 q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
             }
 #if TK_TRANSPOSE
+            u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                u32 col = 0;  // rows 4 rg .. +3 of column lx * 8 + j
+                cw[j] = 0;
 #pragma unroll
-                for (int i = 0; i < RPT; ++i) col |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
-                *reinterpret_cast<u32*>(stage + (lx * 8 + j) * ROW_PITCH + rg * RPT) = col;
+                for (int i = 0; i < RPT; ++i) cw[j] |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
+            }
+            u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
+#pragma unroll
+            for (int s = 0; s < 8; ++s) {
+#if TK_PC_SWZ
+                // Lanes lx >= 4 write column (s + 4) % 8 of theirs at step s: their bank
+                // (8 lx + j + rg) % 32 would otherwise repeat that of lane lx - 4 (2-way).
+                const bool hi = lx >= 4;
+                const int jb = (s + 4) % 8;
+                *reinterpret_cast<u32*>(st + (hi ? jb : s) * ROW_PITCH) = hi ? cw[jb] : cw[s];
+#else
+                *reinterpret_cast<u32*>(st + s * ROW_PITCH) = cw[s];
+#endif
             }
             __syncthreads();
+#if TK_PC_STORE16
+            // 512 chunks of 16 bytes: chunk ch is bytes 16 (ch % 8) .. +16 of column ch / 8, so
+            // 8 consecutive threads write one column's 128 contiguous bytes per instruction (full
+            // sectors); shared banks (column + 4 (ch % 8) + t) % 32 are distinct across a warp.
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 ch = threadIdx.x + 256 * h, col = ch / 8, part = ch % 8;
+                u32 w[4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) w[t] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 16 + 4 * t);
+                u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
+                tkq::store_bytes<16, VECIO>(dst, w);
+            }
+#else
             {
                 const u32 col = threadIdx.x / 4, part = threadIdx.x % 4;  // 32 bytes of one column
                 u32 w[8];
@@ -132,6 +180,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
                 u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 32;  // (32,) of out row
                 tkq::store_bytes<32, VECIO>(dst, w);
             }
+#endif
 #else
 #pragma unroll
             for (int i = 0; i < RPT; ++i)
@@ -144,7 +193,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 
 // Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
 template <int IN>
-struct PlainSrc {
+struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
     static __device__ __forceinline__ void load(const Params& p, u64 r, u64 c0, float (&v)[8]) {
         constexpr int B = IN == 0 ? 4 : 2;
         tkq::load8<IN, VECIO>(reinterpret_cast<const u8*>(p.x) + (r * p.ldx + c0) * B, v);

@@ -7,22 +7,43 @@
 // TK_TRANSPOSE = 0; rows >= M, the tail of a partial last block, are absent from the maxima).
 #include "tk/per_channel.cuh"
 
+// The RPT rows of a thread in three phases: every source index (map loads back to back), every
+// valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
+// row, the map load, the branch on its value, the data load and its use serialised two round
+// trips per row). Absent rows (src < 0, >= N_in, or row >= M) are raw zeros: +0 values.
 struct GatherSrc {
-    static __device__ __forceinline__ void load(const Params& p, u64 r, u64 c0, float (&v)[8]) {
-        i32 src = (i32)r;
-        if (p.map) src = reinterpret_cast<const i32*>(p.map)[r * p.map_s];
-        if (src < 0 || (u64)src >= p.n_in) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = 0.0f;
-            return;
-        }
+    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
         constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;
-        tkq::load8<TK_IN, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + ((u64)src * p.ldx + c0) * B, v);
-#if TK_IN == 2
-        const float s = reinterpret_cast<const float*>(p.xs)[(u64)src * p.xs_ld + c0 / 128];
+        bool ok[pc::RPT];  // (rows,) source row valid
+        u64 src[pc::RPT];  // (rows,) source row
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(v[j], s);
+        for (int i = 0; i < pc::RPT; ++i) {
+            const u64 r = r0 + i;
+            i32 s = (i32)r;
+            if (p.map && r < p.m) s = reinterpret_cast<const i32*>(p.map)[r * p.map_s];
+            ok[i] = r < p.m && s >= 0 && (u64)s < p.n_in;
+            src[i] = ok[i] ? (u64)s : 0;
+        }
+        u32 w[pc::RPT][B * 2];  // (rows, raw words of 8 elements); 0 (= +0 values) for absent rows
+        float sc[pc::RPT];      // (rows,) input scale (fused cast back), 1 for absent rows
+#pragma unroll
+        for (int i = 0; i < pc::RPT; ++i) {
+#pragma unroll
+            for (int t = 0; t < B * 2; ++t) w[i][t] = 0;
+            sc[i] = 1.0f;
+            if (ok[i]) {
+                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (src[i] * p.ldx + c0) * B, w[i]);
+                if (TK_IN == 2) sc[i] = reinterpret_cast<const float*>(p.xs)[src[i] * p.xs_ld + c0 / 128];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < pc::RPT; ++i) {
+            tkq::widen8<TK_IN>(w[i], y[i]);
+#if TK_IN == 2
+#pragma unroll
+            for (int j = 0; j < 8; ++j) y[i][j] = __fmul_rn(y[i][j], sc[i]);
 #endif
+        }
     }
 };
 

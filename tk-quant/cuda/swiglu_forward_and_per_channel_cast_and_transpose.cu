@@ -6,7 +6,7 @@
 // TK_TRANSPOSE).
 #include "tk/per_channel.cuh"
 
-struct SwigluSrc {
+struct SwigluSrc : pc::RowwiseLoad<SwigluSrc> {
     static __device__ __forceinline__ void load(const Params& p, u64 r, u64 c0, float (&v)[8]) {
         const u8* row = reinterpret_cast<const u8*>(p.x) + r * p.ldx * 2;  // (2H,) bf16
         float l[8];

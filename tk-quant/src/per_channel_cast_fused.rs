@@ -360,7 +360,9 @@ mod gpu {
             round_sf,
             false,
             vecio,
-            PLAIN_MIN_BLOCKS,
+            // fp32 rows hold 32 raw words per thread across the gather's load phase: 48
+            // registers (5 CTAs per SM) spilled 32 bytes there, 64 (4 CTAs) do not.
+            if input == 0 { 4 } else { PLAIN_MIN_BLOCKS },
         )
         .define("TK_IN", input)
     }
