@@ -392,8 +392,9 @@ mod gpu {
     /// The staged-tile path's tiling for `e`-byte elements on a device with `sms` SMs, a rule
     /// fitted to the H200 measurements of every tiling at upstream's shapes (tk-transpose
     /// PERF.md): large problems (at least 16 blocks per SM) keep 128-byte output row pieces with
-    /// `e` bands (every thread moves 64 bytes); mid-sized ones take 64-byte pieces in 4 bands
-    /// (wider blocks, fewer of them) while that still gives every SM a block; smaller ones
+    /// `e` bands (every thread moves 64 bytes); mid-sized ones take 4 bands of the tallest piece
+    /// (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
+    /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block; smaller ones
     /// 64-byte pieces in one band.
     fn pick_tiling(g: &Geometry, e: usize, sms: usize) -> Tiling {
         let blocks = |t: &Tiling| {
@@ -401,8 +402,9 @@ mod gpu {
             nx * ny * g.batches
         };
         let large = Tiling::new(e, Tiling::ROW_BYTES[0]);
+        // 4 bands of 128 bytes: MAX_TILE_BYTES / 512 rows at most.
         let wide = Tiling {
-            rows: Tiling::ROW_BYTES[1] / e,
+            rows: (Tiling::MAX_TILE_BYTES / (4 * 128)).min(Tiling::ROW_BYTES[0] / e),
             bands: 4,
         };
         if blocks(&large) >= 16 * sms {
@@ -530,7 +532,7 @@ mod gpu {
                 bs: 0,
             };
             let wide = |e: usize| Tiling {
-                rows: 64 / e,
+                rows: (64 * e).min(128) / e,
                 bands: 4,
             };
             let narrow = |e: usize| Tiling {
@@ -540,7 +542,7 @@ mod gpu {
             // Large problems: 128-byte output row pieces.
             assert_eq!(pick_tiling(&g(8064, 7168), 1, 132), Tiling::new(1, 128));
             assert_eq!(pick_tiling(&g(8064, 7168), 2, 132), Tiling::new(2, 128));
-            // Mid-sized: 64-byte pieces in 4 bands.
+            // Mid-sized: 4 bands of 64-byte (e4m3) or 128-byte (bf16) pieces.
             assert_eq!(pick_tiling(&g(4032, 2048), 1, 132), wide(1));
             assert_eq!(pick_tiling(&g(4032, 3072), 1, 132), wide(1));
             assert_eq!(pick_tiling(&g(4032, 576), 2, 132), wide(2));
