@@ -243,9 +243,7 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, u64 r
 // row; BM > 1: the tile's rows are one block row (TM == BM). A column block is LK =
 // BK/(FK*VEC) adjacent lanes (BK >= FK*VEC) or a single column (BK == 1). FK = 2 (per-token
 // casts of plain input) halves the per-row work per value (block max shuffles, scale, scale
-// store) at the same registers (half the rows per thread). Per-token tiles hold TK_PT_FRAGS
-// fragments per thread (RPT = TK_PT_FRAGS / FK rows), all loaded before the first row is
-// processed: the bytes each thread keeps in flight (CastKernel::pt_frags).
+// store) at the same registers (half the rows per thread).
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_LX
 #error "TK_LX (lanes along K) must be defined for the tiled path"
@@ -259,11 +257,7 @@ constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes 
 #error "TK_FK (adjacent fragments per thread along K) must be defined for the tiled path"
 #endif
 constexpr int FK = TK_FK;                                        // fragments per thread along K
-#ifndef TK_PT_FRAGS
-#error "TK_PT_FRAGS (per-token tiles: input fragments per thread) must be defined for the tiled path"
-#endif
-static_assert(TK_PT_FRAGS % TK_FK == 0, "per-token tiles: whole rows of FK fragments per thread");
-constexpr int RPT = TK_BM == 1 ? TK_PT_FRAGS / FK : TK_BM / (WARPS * LY);  // rows per thread
+constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WARPS * LY);  // rows per thread
 constexpr int TM = WARPS * LY * RPT;                             // rows per tile
 constexpr int TKC = LX * VEC * FK;                               // columns per tile
 constexpr int NR = TK_BM == 1 ? RPT : 1;                         // block rows per thread

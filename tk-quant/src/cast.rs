@@ -168,10 +168,6 @@ pub(crate) struct CastKernel {
     pub whole_row: Option<(usize, usize)>,
 }
 
-/// Input fragments per thread of the per-token tiles of bf16 -> e4m3 casts with groups of 128
-/// or more (`CastKernel::pt_frags`; 4 = the kernel before, for the A/B comparison).
-const PT_FRAGS_BF16_E4M3: usize = 6;
-
 /// Lanes of a warp along K on the tiled path for block `(bm, bk)` with `vec` elements per
 /// fragment: 32 for per-token blocks; for taller blocks, as many as give each thread 4 to 8
 /// rows (`bm / (8 warps · 32/LX)`), but at least a column block's worth (`bk / vec`).
@@ -233,7 +229,6 @@ impl CastKernel {
             None => s
                 .define("TK_LX", self.lx())
                 .define("TK_FK", self.fk())
-                .define("TK_PT_FRAGS", self.pt_frags())
                 .define("TK_MINB", self.min_blocks()),
         }
     }
@@ -249,9 +244,9 @@ impl CastKernel {
             return 2;
         }
         let (bm, bk) = self.block;
-        // Per-token tiles: `pt_frags` fragments (rows of FK fragments).
+        // Per-token tiles: 4 fragments (4 / FK rows of FK fragments).
         let rows = if bm == 1 {
-            self.pt_frags()
+            4
         } else {
             bm / (8 * (32 / self.lx()))
         };
@@ -294,29 +289,6 @@ impl CastKernel {
             2
         } else {
             1
-        }
-    }
-
-    /// Input fragments per thread of a per-token tile (`TK_PT_FRAGS`, `pt_frags / fk` rows of
-    /// `fk` fragments), all loaded before the first row is processed. 4 (64 bytes of bf16, 4
-    /// CTAs of 64 registers per SM), except bf16 -> e4m3 casts (data + scales) with one fragment per
-    /// row (`fk` = 1) and groups of 128 or more: [`PT_FRAGS_BF16_E4M3`] = 6 (96 bytes, 3 CTAs of 80
-    /// registers, no spills on sm_90a / sm_100a: ~1.1x the bytes in flight per SM), since the
-    /// npc=128 profile (H200, 8001x7168) shows DRAM at 71 % with few stalls per instruction
-    /// and occupancy capped by registers. 8 spills 84 bytes at 80 registers on sm_90a; the
-    /// npc=32 kernel spills 4 bytes at 6, so it keeps 4. `PT_FRAGS_BF16_E4M3` = 4 restores the
-    /// previous kernel for the A/B comparison.
-    fn pt_frags(&self) -> usize {
-        if self.input == InputKind::BF16
-            && self.target == Target::Fp(CastFormat::E4M3)
-            && self.fk() == 1
-            && self.block.0 == 1
-            && self.block.1 >= 128
-            && self.mode == CastMode::Cast
-        {
-            PT_FRAGS_BF16_E4M3
-        } else {
-            4
         }
     }
 
@@ -386,7 +358,7 @@ impl CastKernel {
             },
             None => {
                 let tm = if self.block.0 == 1 {
-                    8 * self.pt_frags() / self.fk()
+                    32 / self.fk()
                 } else {
                     self.block.0
                 };
