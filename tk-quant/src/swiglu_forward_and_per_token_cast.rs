@@ -486,33 +486,53 @@ mod gpu {
         pub vecio: bool,
         /// The clamp: 0 none, 1 clamp, 2 clamp and count.
         pub clamp: u8,
+        /// Routing weights given (selects the tiled path's shape for fp32 output).
+        pub weights: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
     }
 
-    /// The tiled path's lane shape `(rows per team, fragments per lane)`: 16 columns of one row
-    /// per lane (teams of 8 lanes) for bf16 input, 8 columns of one row (teams of 16) for fp32:
-    /// 64 bytes of x in flight per lane, which fits 64 registers.
-    fn lane_shape(bf16_in: bool) -> (usize, usize) {
-        if bf16_in {
-            (1, 2)
-        } else {
-            (1, 1)
+    /// The tiled path's shape: rows per team (`TK_RPT`), fragments per lane (`TK_FPL`) and
+    /// column tiles of 128 columns per CTA (`TK_CT`). A lane's routing entries, weights and
+    /// index arithmetic are computed once per CTA row tile for `col_tiles` tiles.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct TiledShape {
+        rpt: usize,
+        fpl: usize,
+        col_tiles: usize,
+    }
+
+    impl TiledShape {
+        /// The tiled path's rows per CTA tile: `256 / (16 / fpl) * rpt`.
+        fn tile_rows(&self) -> usize {
+            16 * self.fpl * self.rpt
         }
     }
 
-    /// The tiled path's rows per CTA tile: `256 / (16 / fpl) * rpt`.
-    fn tile_rows(bf16_in: bool) -> usize {
-        let (rpt, fpl) = lane_shape(bf16_in);
-        16 * fpl * rpt
-    }
-
-    /// The tiled path's column tiles (128 columns each) per CTA: the routing entries, weights
-    /// and index arithmetic of a lane's rows are computed once for this many tiles (`TK_CT`;
-    /// 1 gives one tile per CTA).
-    const COL_TILES_PER_CTA: usize = 4;
-
     impl FwdKernel {
+        /// Measured on the H200 (tk-quant PERF.md): 16 columns of one row per lane (teams of 8)
+        /// for bf16 input and 8 columns of one row (teams of 16) for fp32, 4 column tiles per
+        /// CTA: e4m3 / bf16 outputs 10-34 % faster than one tile per CTA with 8 columns of two
+        /// rows. fp32 output without weights keeps the earlier shape (1 tile per CTA, bf16: 8
+        /// columns of 2 rows), which measured 24 % faster there (171 vs 212 µs at K=6 H=3584).
+        fn tiled(&self) -> TiledShape {
+            if self.out == SwigluOutFormat::F32 && !self.weights {
+                let rpt = if self.bf16_in { 2 } else { 1 };
+                TiledShape {
+                    rpt,
+                    fpl: 1,
+                    col_tiles: 1,
+                }
+            } else {
+                let fpl = if self.bf16_in { 2 } else { 1 };
+                TiledShape {
+                    rpt: 1,
+                    fpl,
+                    col_tiles: 4,
+                }
+            }
+        }
+
         pub(crate) fn spec(&self) -> KernelSpec {
             let out = match self.out {
                 SwigluOutFormat::F32 => 0,
@@ -534,11 +554,13 @@ mod gpu {
             match self.whole_row {
                 Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
                 // At most 64 registers: 4 CTAs (32 warps) per SM.
-                None => s
-                    .define("TK_RPT", lane_shape(self.bf16_in).0)
-                    .define("TK_FPL", lane_shape(self.bf16_in).1)
-                    .define("TK_MINB", 4)
-                    .define("TK_CT", COL_TILES_PER_CTA),
+                None => {
+                    let t = self.tiled();
+                    s.define("TK_RPT", t.rpt)
+                        .define("TK_FPL", t.fpl)
+                        .define("TK_MINB", 4)
+                        .define("TK_CT", t.col_tiles)
+                }
             }
         }
     }
@@ -575,7 +597,7 @@ mod gpu {
     /// the clamp; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
-        let mut push = |bf16_in, out, sf, clamp, whole_row| {
+        let mut push = |bf16_in, out, sf, clamp, whole_row, weights| {
             v.push(
                 FwdKernel {
                     bf16_in,
@@ -583,6 +605,7 @@ mod gpu {
                     sf,
                     vecio: true,
                     clamp,
+                    weights,
                     whole_row,
                 }
                 .spec(),
@@ -590,23 +613,25 @@ mod gpu {
         };
         for bf16_in in [true, false] {
             for clamp in [0, 1] {
-                for out in [SwigluOutFormat::F32, SwigluOutFormat::BF16] {
-                    push(bf16_in, out, None, clamp, None);
+                // fp32 output: both tiled shapes.
+                for weights in [false, true] {
+                    push(bf16_in, SwigluOutFormat::F32, None, clamp, None, weights);
                 }
+                push(bf16_in, SwigluOutFormat::BF16, None, clamp, None, false);
                 for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
                     for sf in [
                         (ScaleLayout::RowMajorF32, true),
                         (ScaleLayout::PackedUe8m0, true),
                     ] {
-                        push(bf16_in, out, Some(sf), clamp, None);
+                        push(bf16_in, out, Some(sf), clamp, None, false);
                     }
                     let sf = Some((ScaleLayout::RowMajorF32, true));
-                    push(bf16_in, out, sf, clamp, Some((256, 2)));
+                    push(bf16_in, out, sf, clamp, Some((256, 2)), false);
                 }
             }
         }
         let sf = Some((ScaleLayout::PackedUe8m0, true));
-        push(true, SwigluOutFormat::E4M3, sf, 2, None);
+        push(true, SwigluOutFormat::E4M3, sf, 2, None, false);
         v
     }
 
@@ -745,6 +770,7 @@ mod gpu {
                 (Some(_), false) => 1,
                 (Some(_), true) => 2,
             },
+            weights: inputs.topk.is_some(),
             whole_row: if quant.is_some() && npc == h && h > 128 {
                 Some(whole_row_shape(h)?)
             } else {
@@ -763,8 +789,8 @@ mod gpu {
             },
             None => LaunchConfig {
                 grid_dim: (
-                    (h / 128).div_ceil(COL_TILES_PER_CTA) as u32,
-                    n.div_ceil(tile_rows(kernel.bf16_in)).min(65535) as u32,
+                    (h / 128).div_ceil(kernel.tiled().col_tiles) as u32,
+                    n.div_ceil(kernel.tiled().tile_rows()).min(65535) as u32,
                     1,
                 ),
                 block_dim: (256, 1, 1),
