@@ -111,26 +111,17 @@ __device__ __forceinline__ u32 e2m1_pack(const float (&y)[N]) {
 
 // Packed bf16 pair arithmetic (PTX, one instruction each; lane 0 = the low half). min / max
 // return the other operand when one is NaN (like fminf / fmaxf); mul / add round once, RNE.
-__device__ __forceinline__ u32 bf16x2_max(u32 a, u32 b) {
-    u32 d;
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-__device__ __forceinline__ u32 bf16x2_min(u32 a, u32 b) {
-    u32 d;
-    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-__device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
-    u32 d;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-__device__ __forceinline__ u32 bf16x2_add(u32 a, u32 b) {
-    u32 d;
-    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
+#define TK_BF16X2_OP(name, ptx)                                   \
+    __device__ __forceinline__ u32 name(u32 a, u32 b) {           \
+        u32 d;                                                    \
+        asm(ptx " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));       \
+        return d;                                                 \
+    }
+TK_BF16X2_OP(bf16x2_max, "max.bf16x2")
+TK_BF16X2_OP(bf16x2_min, "min.bf16x2")
+TK_BF16X2_OP(bf16x2_mul, "mul.rn.bf16x2")
+TK_BF16X2_OP(bf16x2_add, "add.rn.bf16x2")
+#undef TK_BF16X2_OP
 
 // 8 e2m1 codes packed two per byte (element 0 in the low nibble), exactly e2m1_pack of
 // y_j = fl(x_j * inv_j) for bf16 x_j (w[j/2], element 2i in the low half of w[i]) when every
