@@ -225,6 +225,42 @@ fn poisoned(
     (d, s)
 }
 
+/// `per_token_cast` of `dx` (an `m x k` input) into poisoned outputs in the requested scale
+/// layout, checked bit for bit against the reference of `hx`; returns the reference scales.
+fn check_per_token(
+    dev: &Device,
+    name: &str,
+    hx: &CastInput<'_>,
+    dx: &DeviceCastInput<'_>,
+    params: &PerTokenCastParams,
+    (m, k): (usize, usize),
+) -> HostScales {
+    let (rd, rs) = reference::per_token_cast(hx, params).unwrap();
+    let layout = params.opts.layout().unwrap();
+    let (mut d, mut s) = poisoned(dev, params.fmt, m, k, layout, rs.grid());
+    tk_quant::per_token_cast_into(dx, params, &mut d.view_mut(), &mut s).unwrap();
+    check(name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+    rs
+}
+
+/// `per_block_cast` of `dx` (an `m x k` input) into poisoned outputs in the requested scale
+/// layout, checked bit for bit against the reference of `hx`; returns the reference scales.
+fn check_per_block(
+    dev: &Device,
+    name: &str,
+    hx: &PlainInput<'_>,
+    dx: &DevicePlainInput<'_>,
+    params: &PerBlockCastParams,
+    (m, k): (usize, usize),
+) -> HostScales {
+    let (rd, rs) = reference::per_block_cast(hx, params).unwrap();
+    let layout = params.opts.layout().unwrap();
+    let (mut d, mut s) = poisoned(dev, params.fmt, m, k, layout, rs.grid());
+    tk_quant::per_block_cast_into(dx, params, &mut d.view_mut(), &mut s).unwrap();
+    check(name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+    rs
+}
+
 // ---------------------------------------------------------------------------------------------
 // per_token_cast
 // ---------------------------------------------------------------------------------------------
@@ -276,12 +312,9 @@ fn run_token_case(dev: &Device, c: &TokenCase) {
             let buf = HostPlain::randn(matches!(c.input, In::BF16), rows.max(1), c.ld, &name);
             let l = Layout::new(vec![c.m, c.k], vec![c.ld, 1], c.offset).unwrap();
             let hx: CastInput<'_> = buf.input(&l).into();
-            let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
             let dbuf = buf.upload(dev);
             let dx: DeviceCastInput<'_> = dbuf.input(&l).into();
-            let (mut d, mut s) = poisoned(dev, c.fmt, c.m, c.k, layout, rs.grid());
-            tk_quant::per_token_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
-            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+            let rs = check_per_token(dev, &name, &hx, &dx, &params, (c.m, c.k));
             if c.npc == c.k {
                 return;
             }
@@ -320,12 +353,9 @@ fn run_token_case(dev: &Device, c: &TokenCase) {
             let x0 = Rng::for_case(&name).randn(&[c.m, c.k], bf16::from_f32);
             let (q0, s0) = reference::cast(&x0.view().into(), in_fmt, block, c.opts).unwrap();
             let hx: CastInput<'_> = QuantInput::new(q0.view(), s0.view(), block).into();
-            let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
             let dq = DevQuant::upload(dev, &q0, &s0);
             let dx: DeviceCastInput<'_> = dq.input(block).into();
-            let (mut d, mut s) = poisoned(dev, c.fmt, c.m, c.k, layout, rs.grid());
-            tk_quant::per_token_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
-            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+            check_per_token(dev, &name, &hx, &dx, &params, (c.m, c.k));
         }
     }
 }
@@ -552,31 +582,18 @@ fn gpu_cast_special_values() {
                         (x.view().into(), dx.view().into())
                     };
                     let name = format!("special bf16={bf} npc={npc} fmt={fmt:?} {opts:?}");
-                    let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
-                    let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
-                    tk_quant::per_token_cast_into(&dxi, &params, &mut d.view_mut(), &mut s)
-                        .unwrap();
-                    check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+                    check_per_token(&dev, &name, &hx, &dxi, &params, (m, k));
                 }
             }
             for block in [(32, 32), (128, 128)] {
                 let params = PerBlockCastParams::new(fmt, block, opts);
-                let (rd, rs) =
-                    reference::per_block_cast(&PlainInput::F32(x.view()), &params).unwrap();
-                let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
-                tk_quant::per_block_cast_into(
+                check_per_block(
+                    &dev,
+                    &format!("special per_block {block:?} {fmt:?} {opts:?}"),
+                    &PlainInput::F32(x.view()),
                     &DevicePlainInput::F32(dx.view()),
                     &params,
-                    &mut d.view_mut(),
-                    &mut s,
-                )
-                .unwrap();
-                check(
-                    &format!("special per_block {block:?} {fmt:?} {opts:?}"),
-                    Some(&d),
-                    Some(&s),
-                    Some(&rd),
-                    Some(&rs),
+                    (m, k),
                 );
             }
         }
@@ -630,12 +647,9 @@ fn gpu_per_block_cast_grid() {
         let buf = HostPlain::randn(bf, m, k, &name);
         let l = Layout::contiguous(&[m, k]);
         let hx = buf.input(&l);
-        let (rd, rs) = reference::per_block_cast(&hx, &params).unwrap();
         let dbuf = buf.upload(&dev);
         let dx = dbuf.input(&l);
-        let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
-        tk_quant::per_block_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
-        check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+        let rs = check_per_block(&dev, &name, &hx, &dx, &params, (m, k));
         let s2 = tk_quant::per_block_cast_with_sf_only(&dx, &params).unwrap();
         check(&format!("{name} sf-only"), None, Some(&s2), None, Some(&rs));
         if rs.layout() == ScaleLayout::RowMajorF32 {
@@ -1310,25 +1324,19 @@ fn gpu_cast_e2m1_bf16_pow2_edges() {
             let name = format!("e2m1 bf16 pow2 edges npc={npc} {opts:?}");
             let hx: CastInput<'_> = xb.view().into();
             let dx: DeviceCastInput<'_> = dxb.view().into();
-            let (rd, rs) = reference::per_token_cast(&hx, &params).unwrap();
-            let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
-            tk_quant::per_token_cast_into(&dx, &params, &mut d.view_mut(), &mut s).unwrap();
-            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+            check_per_token(&dev, &name, &hx, &dx, &params, (m, k));
         }
         for block in [(32, 32), (128, 128)] {
             let params = PerBlockCastParams::new(fmt, block, opts);
             let name = format!("e2m1 bf16 pow2 edges per_block {block:?} {opts:?}");
-            let (rd, rs) =
-                reference::per_block_cast(&PlainInput::BF16(xb.view()), &params).unwrap();
-            let (mut d, mut s) = poisoned(&dev, fmt, m, k, rs.layout(), rs.grid());
-            tk_quant::per_block_cast_into(
+            check_per_block(
+                &dev,
+                &name,
+                &PlainInput::BF16(xb.view()),
                 &DevicePlainInput::BF16(dxb.view()),
                 &params,
-                &mut d.view_mut(),
-                &mut s,
-            )
-            .unwrap();
-            check(&name, Some(&d), Some(&s), Some(&rd), Some(&rs));
+                (m, k),
+            );
         }
     }
 }
