@@ -108,7 +108,7 @@ __device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, u64 
 // measured it 7 % slower (8064x7168 bf16 -> e4m3 npt=128 round: 50.0-50.5 us against 46.7;
 // per-token bf16 -> e4m3 npc=128 49.3-49.7 against 50.3-50.6, E5M6 bf16 1.5 % faster).
 #ifndef TK_RSF_NODIV
-#define TK_RSF_NODIV (TK_BK > 1)
+#define TK_RSF_NODIV (TK_BK != 1)
 #endif
 __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
 #if TK_ROUND && TK_RSF_NODIV
