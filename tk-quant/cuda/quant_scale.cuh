@@ -72,6 +72,13 @@ __device__ __forceinline__ u32 e2m1_code(float x) {
     return mag | sign;
 }
 
+// The e2m1 code in nibble j (bits 4j..4j+3) of w as the fp32 value * 2^-126, exactly (see
+// e2m1_value): the sign to bit 31, the 3-bit magnitude code to bits 22..24.
+__device__ __forceinline__ float e2m1_value_m126(u32 w, int j) {
+    const u32 x = w << (28 - 4 * j);  // sign at bit 31, magnitude code at bits 28..30
+    return __uint_as_float((x & 0x80000000u) | ((x >> 6) & 0x01C00000u));
+}
+
 // The fp32 value of the e2m1 code in nibble j (bits 4j..4j+3) of w, exactly, the sign of zero
 // kept: decode_elem's value without its compares and selects. The sign goes to bit 31 and the
 // 3-bit magnitude code (exponent e, mantissa m) to bits 22..24, i.e. fp32 exponent field e and
@@ -80,9 +87,7 @@ __device__ __forceinline__ u32 e2m1_code(float x) {
 // without ftz) gives the value. 2 shifts, 2 logic ops and an FMUL instead of ~10 instructions.
 // Checked on the CPU against decode_elem for all 16 codes at every nibble position j.
 __device__ __forceinline__ float e2m1_value(u32 w, int j) {
-    const u32 x = w << (28 - 4 * j);  // sign at bit 31, magnitude code at bits 28..30
-    const u32 bits = (x & 0x80000000u) | ((x >> 6) & 0x01C00000u);
-    return __fmul_rn(__uint_as_float(bits), 0x1p126f);
+    return __fmul_rn(e2m1_value_m126(w, j), 0x1p126f);
 }
 
 // e4m3 codes of a and b, a in the low byte: e4m3_code of each (the same conversion, two lanes).
