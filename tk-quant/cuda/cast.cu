@@ -51,6 +51,11 @@ struct Params {
 using tkq::bf16x2_max;  // lane-wise max of two bf16 pairs (a NaN lane gives the other lane)
 #endif
 
+// TK_E2M1_DEC (default 1; 0 for the A/B comparison): e2m1 input decoded by tkq::e2m1_value.
+#ifndef TK_E2M1_DEC
+#define TK_E2M1_DEC 1
+#endif
+
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
 // Columns >= K give 0.
 __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u64 c0, float (&v)[VEC]) {
@@ -64,6 +69,11 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
         v[j] = f.x;
         v[j + 1] = f.y;
     }
+#elif TK_IN == 3 && TK_E2M1_DEC
+    // e2m1: tkq::e2m1_value (subnormal placement + one exact FMUL, ~5 instructions per code
+    // instead of decode_elem's ~10 compares, selects and shifts; bit-identical).
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = tkq::e2m1_value(raw.w[0], j);
 #else
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = decode_elem(raw, j);
@@ -213,6 +223,12 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #ifndef TK_E2M1_BF16X2
 #define TK_E2M1_BF16X2 1
 #endif
+// TK_E2M1_ABS (default 1; 0 for the A/B comparison): the packed encoder rounds magnitudes and
+// takes the signs from min(y, 6) (tkq::e2m1_pack_bf16_pow2_abs, bit-identical, one instruction
+// per pair fewer).
+#ifndef TK_E2M1_ABS
+#define TK_E2M1_ABS 1
+#endif
 #define E2M1_PACKED (TK_E2M1_BF16X2 && TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it
@@ -227,7 +243,11 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, u64 r
         pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
     }
     if (pow2_small) {
+#if TK_E2M1_ABS
+        store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
+#else
         store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2(raw.w, inv2));
+#endif
         return;
     }
 #endif

@@ -26,6 +26,7 @@
 #define TK_E4M3_VEC (TK_OUT == 0 ? 4 : 8)
 #endif
 #include "tk/quant_io.cuh"
+#include "tk/quant_scale.cuh"
 
 #if TK_IN < 2
 #error "cast back reads quantized data (TK_IN 2, 3 or 4)"
@@ -103,6 +104,32 @@ __device__ __forceinline__ Raw second_half(const Raw& a) {
     return b;
 }
 
+// TK_E2M1_DEC (default 1; 0 for the A/B comparison): e2m1 codes decoded by tkq::e2m1_value
+// (subnormal placement + one exact FMUL: ~5 instructions per value) instead of decode_elem
+// (~10 with its compares and selects); bit-identical.
+#ifndef TK_E2M1_DEC
+#define TK_E2M1_DEC 1
+#endif
+
+// TK_E2M1_FUSED (default 1; 0 for the A/B comparison; needs TK_E2M1_DEC): with one scale s
+// per store and |s| < 4 (casts of data with block maxima below 24, or up to 12 with
+// power-of-two scales; NaN fails the test), the e2m1 values are multiplied by s * 2^126 straight from e2m1_value_m126: one FMUL per value instead
+// of two. Other scales (large, infinite, NaN) take the two exact multiplies. bf16 output only:
+// the test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs.
+#ifndef TK_E2M1_FUSED
+#define TK_E2M1_FUSED 1
+#endif
+constexpr bool E2M1_FUSED = TK_E2M1_FUSED && TK_E2M1_DEC && TK_IN == 3 && TK_OUT == 1 && SCALES_PER_STORE == 1;
+
+// Value q (< OUT_VEC) of the fragment src, decoded to fp32 (exact).
+__device__ __forceinline__ float decode_value(const Raw& src, int q) {
+#if TK_IN == 3 && TK_E2M1_DEC
+    return tkq::e2m1_value(src.w[0], q);
+#else
+    return decode_elem(src, q);
+#endif
+}
+
 // Writes the OUT_VEC values v of row r from column c of the contiguous (M, K) output.
 __device__ __forceinline__ void store_out(const Params& p, u64 r, u64 c, const float (&v)[OUT_VEC]) {
 #if !TK_VECIO
@@ -162,10 +189,19 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
                 }
                 const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
                 if (cs >= p.k) continue;
+                const StoreScales& s = sc[TASK_SCALE ? 0 : j][TASK_SCALE ? 0 : h];
                 float v[OUT_VEC];  // (OUT_VEC,) dequantized values of row r from column cs
+                if (E2M1_FUSED && fabsf(s.s[0]) < 4.0f) {
+                    // s * 2^126 is exact and finite, so the one rounding of
+                    // (value * 2^-126) * (s * 2^126) is that of value * s.
+                    const float s126 = __fmul_rn(s.s[0], 0x1p126f);
 #pragma unroll
-                for (int q = 0; q < OUT_VEC; ++q)
-                    v[q] = __fmul_rn(decode_elem(src, q), sc[TASK_SCALE ? 0 : j][TASK_SCALE ? 0 : h].s[SCALES_PER_STORE == 1 ? 0 : q]);
+                    for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(tkq::e2m1_value_m126(src.w[0], q), s126);
+                    store_out(p, r, cs, v);
+                    continue;
+                }
+#pragma unroll
+                for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(decode_value(src, q), s.s[SCALES_PER_STORE == 1 ? 0 : q]);
                 store_out(p, r, cs, v);
             }
         }

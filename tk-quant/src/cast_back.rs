@@ -138,7 +138,13 @@ mod gpu {
         file: "cast_back.cu",
         entry: "tk_cast_back",
         code: include_str!("../cuda/cast_back.cu"),
-        headers: &[("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh"))],
+        headers: &[
+            ("tk/quant_io.cuh", include_str!("../cuda/quant_io.cuh")),
+            (
+                "tk/quant_scale.cuh",
+                include_str!("../cuda/quant_scale.cuh"),
+            ),
+        ],
         needs_cuda_headers: true,
     };
 

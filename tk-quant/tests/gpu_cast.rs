@@ -724,6 +724,19 @@ fn check_cast_back(
     opts: ScaleOptions,
 ) {
     let x = Rng::for_case(name).randn(&[m, k], |v| v);
+    check_cast_back_of(dev, name, &x, fmt, block, opts);
+}
+
+/// check_cast_back of the `(M, K)` fp32 input `x`.
+fn check_cast_back_of(
+    dev: &Device,
+    name: &str,
+    x: &HostTensor<f32>,
+    fmt: CastFormat,
+    block: (usize, usize),
+    opts: ScaleOptions,
+) {
+    let (m, k) = (x.shape()[0], x.shape()[1]);
     let (q, s) = reference::cast(&x.view().into(), fmt, block, opts).unwrap();
     let hin = QuantInput::new(q.view(), s.view(), block);
     let dq = DevQuant::upload(dev, &q, &s);
@@ -809,6 +822,45 @@ fn gpu_cast_back_grid() {
             m,
             k,
             fmt,
+            block,
+            opts,
+        );
+    });
+}
+
+/// e2m1 cast back with scales far on both sides of 4 (cast_back.cu's one-multiply bf16 path
+/// takes |s| < 4, larger scales the two-multiply one): rows of normals times 2^e, e from -140
+/// (subnormal data, clamped scales) to 119, row by row, so that the blocks' scales differ.
+#[test]
+fn gpu_cast_back_e2m1_scale_range() {
+    let Some(dev) = gpu_or_skip("gpu_cast_back_e2m1_scale_range") else {
+        return;
+    };
+    let (m, k) = (300, 1024);
+    let mut cases = Vec::new();
+    for block in [(1, 128), (1, 32), (128, 128)] {
+        for opts in [ScaleOptions::row_major(false), ScaleOptions::packed_ue8m0()] {
+            cases.push((block, opts));
+        }
+    }
+    par_cases(&cases, |&(block, opts)| {
+        let name = format!(
+            "cast_back e2m1 scale range {block:?} {:?}",
+            opts.layout().unwrap()
+        );
+        let mut x = Rng::for_case(&name).randn(&[m, k], |v| v);
+        for (r, row) in x.as_mut_slice().chunks_mut(k).enumerate() {
+            // 2^e as two normal powers of two (2^-140 itself is subnormal)
+            let e = (r as i32 * 37) % 260 - 140;
+            let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+            let (a, b) = (pow2(e / 2), pow2(e - e / 2));
+            row.iter_mut().for_each(|v| *v = *v * a * b);
+        }
+        check_cast_back_of(
+            &dev.with_new_stream().unwrap(),
+            &name,
+            &x,
+            CastFormat::E2M1,
             block,
             opts,
         );
