@@ -32,6 +32,13 @@
 #ifndef TK_PC_SWZ
 #define TK_PC_SWZ 1
 #endif
+// TK_PC_PIPE 1 (set by per_channel_cast_and_transpose's host, which then launches at most the
+// resident CTAs, each looping over row tiles): a Src with PIPE (PlainSrc) has the raw words of
+// its next tile loaded right after the current tile's codes are computed, so those loads are in
+// flight during the current tile's staging, barriers and global stores (software pipeline).
+#ifndef TK_PC_PIPE
+#define TK_PC_PIPE 0
+#endif
 
 using tk::u8;
 using tk::u32;
@@ -62,9 +69,17 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 
+// The members of a Src without the raw prefetch of TK_PC_PIPE (see PlainSrc for one with it).
+struct NoPipe {
+    static constexpr bool PIPE = false;
+    struct Raw {};
+    static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
+    static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
+};
+
 // The default Src::rows: y[i] = values of row r0 + i (Src::load; 0 for rows >= M), row by row.
 template <class Src>
-struct RowwiseLoad {
+struct RowwiseLoad : NoPipe {
     static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[RPT][8]) {
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
@@ -88,11 +103,16 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u32 rg = warp * LY + ly;  // row group: rows 4 rg .. 4 rg + 3 of the tile
     const u64 tiles_r = (p.m + TR - 1) / TR, tiles_c = p.k / TC;
+    constexpr bool PIPE = TK_PC_PIPE != 0 && Src::PIPE;
+    typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
+    if constexpr (PIPE)
+        if (blockIdx.y < tiles_r && blockIdx.x < tiles_c) Src::fetch(p, u64{blockIdx.y} * TR + rg * RPT, u64{blockIdx.x} * TC + lx * 8, raw);
     for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
             const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
             float y[RPT][8];  // (rows, columns) values
-            Src::rows(p, r0, c0, y);
+            if constexpr (PIPE) Src::widen(raw, y);
+            else Src::rows(p, r0, c0, y);
             float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -135,6 +155,13 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
                 for (int j = 0; j < 8; ++j) z[j] = __fmul_rn(y[i][j], inv[j]);
                 q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
                 q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
+            }
+            if constexpr (PIPE) {
+                // The loads of the next tile of the loops below are issued now (raw is dead:
+                // y holds its values), to be in flight during this tile's stores.
+                u64 ntr = tr, ntc = tc + gridDim.x;
+                if (ntc >= tiles_c) ntc = blockIdx.x, ntr += gridDim.y;
+                if (ntr < tiles_r) Src::fetch(p, ntr * TR + rg * RPT, ntc * TC + lx * 8, raw);
             }
 #if TK_TRANSPOSE
             u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
@@ -194,6 +221,25 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 // Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
 template <int IN>
 struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
+    static constexpr bool PIPE = true;
+    static constexpr int W = tkq::Frag<IN>::BYTES / 4;
+    struct Raw {
+        u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (0 for rows >= M: fp32 / bf16 0)
+    };
+    // The raw words of y[r0 + i, c0 .. c0 + 8) for i < RPT.
+    static __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            if (r0 + i < p.m) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(reinterpret_cast<const u8*>(p.x) + ((r0 + i) * p.ldx + c0) * (IN == 0 ? 4 : 2), raw.w[i]);
+            else
+#pragma unroll
+                for (int j = 0; j < W; ++j) raw.w[i][j] = 0;
+        }
+    }
+    static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[RPT][8]) {
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) tkq::widen8<IN>(raw.w[i], y[i]);
+    }
     static __device__ __forceinline__ void load(const Params& p, u64 r, u64 c0, float (&v)[8]) {
         constexpr int B = IN == 0 ? 4 : 2;
         tkq::load8<IN, VECIO>(reinterpret_cast<const u8*>(p.x) + (r * p.ldx + c0) * B, v);

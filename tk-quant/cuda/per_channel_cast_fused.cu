@@ -11,7 +11,7 @@
 // valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
 // row, the map load, the branch on its value, the data load and its use serialised two round
 // trips per row). Absent rows (src < 0, >= N_in, or row >= M) are raw zeros: +0 values.
-struct GatherSrc {
+struct GatherSrc : pc::NoPipe {
     static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
         constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;
         bool ok[pc::RPT];  // (rows,) source row valid

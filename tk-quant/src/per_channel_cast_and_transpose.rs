@@ -167,6 +167,11 @@ mod gpu {
     /// (`__launch_bounds__(256, 5)`: at most 48 registers, which they fit without spilling).
     pub(crate) const PLAIN_MIN_BLOCKS: usize = 5;
 
+    /// Knob (A/B): the plain op's software pipeline (`TK_PC_PIPE`): at most the resident CTAs
+    /// (`sm_count × PLAIN_MIN_BLOCKS`, row tiles balanced over them), each loading its next row
+    /// tile while it stores the current one. `false`: one CTA per tile, no prefetch.
+    pub(crate) const PIPELINE: bool = true;
+
     /// A per-channel kernel specialisation: `source` with the tile's defines (`min_blocks`:
     /// CTAs per SM for the launch bounds) and the op's own.
     pub(crate) fn per_channel_spec(
@@ -188,11 +193,15 @@ mod gpu {
     /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
     /// `plan` (block `(npt, 1)`, layout A), then launches `spec_for(vecio)` over `plan`'s
     /// tiles with `args` (inputs filled in by the op; `input_align`: their addresses and row
-    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`.
+    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`; `persistent`:
+    /// at most `sm_count × PLAIN_MIN_BLOCKS` CTAs, looping over row tiles (for a kernel with
+    /// `TK_PC_PIPE`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_per_channel(
         dev: &Device,
         plan: &CastPlan,
         transpose: bool,
+        persistent: bool,
         mut args: PerChannelArgs,
         input_align: &[u64],
         (out, out_sf): (&mut DeviceQuantDataViewMut<'_>, &mut DeviceScales),
@@ -211,6 +220,15 @@ mod gpu {
         if m == 0 {
             return Ok(());
         }
+        let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
+        let mut grid_r = tiles_r.min(65535);
+        if persistent {
+            // Row tiles per CTA so that tiles_c × grid_r CTAs fit in one wave, then the fewest
+            // CTAs with that many tiles each (balanced).
+            let slots = dev.props().sm_count.max(1) as usize * PLAIN_MIN_BLOCKS;
+            let per_cta = tiles_r.div_ceil((slots / tiles_c.max(1)).max(1));
+            grid_r = tiles_r.div_ceil(per_cta).min(65535);
+        }
         let f = dev.function(&spec)?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&args);
@@ -223,7 +241,7 @@ mod gpu {
         // 16-byte aligned. Buffers outlive the launch.
         unsafe {
             l.launch(LaunchConfig {
-                grid_dim: ((k / 64) as u32, m.div_ceil(128).min(65535) as u32, 1),
+                grid_dim: (tiles_c as u32, grid_r as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -237,14 +255,7 @@ mod gpu {
         let mut v = Vec::new();
         for npt in NUM_PER_TOKENS {
             for round in [false, true] {
-                v.push(per_channel_spec(
-                    &SOURCE,
-                    npt,
-                    round,
-                    true,
-                    true,
-                    PLAIN_MIN_BLOCKS,
-                ));
+                v.push(plain_spec(npt, round, true));
             }
         }
         v
@@ -284,20 +295,18 @@ mod gpu {
             x.device(),
             &plan,
             true,
+            PIPELINE,
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
-            |vec| {
-                per_channel_spec(
-                    &SOURCE,
-                    params.num_per_tokens,
-                    params.round_sf,
-                    true,
-                    vec,
-                    PLAIN_MIN_BLOCKS,
-                )
-            },
+            |vec| plain_spec(params.num_per_tokens, params.round_sf, vec),
         )
+    }
+
+    /// This op's kernel specialisation (`vecio`: 16-byte accesses), with the `PIPELINE` knob.
+    fn plain_spec(npt: usize, round_sf: bool, vecio: bool) -> KernelSpec {
+        per_channel_spec(&SOURCE, npt, round_sf, true, vecio, PLAIN_MIN_BLOCKS)
+            .define("TK_PC_PIPE", PIPELINE as u8)
     }
 
     /// `per_channel_cast_and_transpose` on the GPU: e4m3 data `(K, M)` (the transpose) and

@@ -450,6 +450,7 @@ mod gpu {
             device(x),
             &plan,
             false,
+            false,
             args,
             &align,
             (out, out_sf),

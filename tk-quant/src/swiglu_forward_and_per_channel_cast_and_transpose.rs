@@ -206,6 +206,7 @@ mod gpu {
             x.device(),
             &plan,
             transpose,
+            false,
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),

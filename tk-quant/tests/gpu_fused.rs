@@ -1337,6 +1337,12 @@ fn gpu_per_channel_cast_and_transpose_off_grid() {
         (384, 640, 8),
         (0, 64, 0),
         (1152, 128, 1),
+        // The pipelined persistent grid (PIPELINE) on a 132-SM H200: 17 row tiles over 9 CTA
+        // rows (the last CTA row loops once, the others twice), 16-byte-aligned padded rows;
+        // 704 column tiles (more than the resident CTAs: every CTA loops over both row tiles),
+        // unaligned rows (scalar loads).
+        (2176, 4096, 8),
+        (256, 45056, 1),
     ];
     par_cases(&cases, 8, |&(m, k, pad)| {
         let dev = dev.with_new_stream().unwrap();
