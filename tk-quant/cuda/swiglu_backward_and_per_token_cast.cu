@@ -105,14 +105,19 @@ __device__ __forceinline__ float group_max(float a) {
     return a;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, TK_MINB) tk_swiglu_backward_and_per_token_cast(const Params p) {
-    __shared__ float red[NWARPS];  // (warps,) partial weight-gradient sums
+// TK_CLAMP_SPLIT (default 1): the row loop is instantiated twice, with and without the clamp,
+// and chosen once per CTA; 0: one instance testing has_clamp per element. With the test inside
+// the loop the sm_90a SASS branches around every element's clamp (16 @!P1 BRA per lane and
+// chunk) and keeps the 16 elements' clamp flags live across the expf/division block.
+#ifndef TK_CLAMP_SPLIT
+#define TK_CLAMP_SPLIT 1
+#endif
+
+// The rows r = blockIdx.x + i * gridDim.x: out, x_grad, x_grad_fp8 and its scales, and the
+// weight_grad entry of each routed row. With TK_CLAMP_SPLIT, CLAMP = p.has_clamp (else p.has_clamp is read per element).
+template <bool CLAMP>
+__device__ __forceinline__ void backward_rows(const Params& p, float (&red)[NWARPS]) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    // Zero the weight_grad slots no row owns (token_topk_to_pos == -1).
-    for (u64 s = (u64)blockIdx.x * THREADS + threadIdx.x; s < p.tk; s += (u64)gridDim.x * THREADS) {
-        const i32 pos = reinterpret_cast<const i32*>(p.ttp)[(s / p.k) * p.ttp_s0 + (s % p.k) * p.ttp_s1];
-        if (pos == -1) reinterpret_cast<float*>(p.wg)[s] = 0.0f;
-    }
     const u64 units = p.h / COLS, nbk = 2 * p.h / TK_NPC;  // H % NPC == 0, so COLS | H
     for (u64 r = blockIdx.x; r < p.n; r += gridDim.x) {
         const i32 slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
@@ -153,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TK_MINB) tk_swiglu_backwar
                 xv[e] = X[e];
                 yv[e] = Y[e];
                 fl[e] = tkq::ClampFlags{false, false, false};
-                if (p.has_clamp) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
+                if (TK_CLAMP_SPLIT ? CLAMP : p.has_clamp != 0) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
                 t[e] = __fadd_rn(1.0f, expf(-xv[e]));
             }
 #pragma unroll
@@ -215,3 +220,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, TK_MINB) tk_swiglu_backwar
         __syncthreads();  // red is reused by the next row
     }
 }
+
+extern "C" __global__ void __launch_bounds__(THREADS, TK_MINB) tk_swiglu_backward_and_per_token_cast(const Params p) {
+    __shared__ float red[NWARPS];  // (warps,) partial weight-gradient sums
+    // Zero the weight_grad slots no row owns (token_topk_to_pos == -1).
+    for (u64 s = (u64)blockIdx.x * THREADS + threadIdx.x; s < p.tk; s += (u64)gridDim.x * THREADS) {
+        const i32 pos = reinterpret_cast<const i32*>(p.ttp)[(s / p.k) * p.ttp_s0 + (s % p.k) * p.ttp_s1];
+        if (pos == -1) reinterpret_cast<float*>(p.wg)[s] = 0.0f;
+    }
+#if TK_CLAMP_SPLIT
+    if (p.has_clamp) backward_rows<true>(p, red);
+    else backward_rows<false>(p, red);
+#else
+    backward_rows<false>(p, red);
+#endif
+}
+
