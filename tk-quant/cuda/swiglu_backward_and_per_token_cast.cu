@@ -21,8 +21,8 @@
 //   TK_ROUND   1: power-of-two scales
 //   TK_VECIO   1: vector accesses (every row start 16-byte aligned); 0: bytewise
 //
-// One CTA of THREADS threads per row (grid-stride); thread t owns the 8-column fragments
-// f = c * THREADS + t of chunk c, so a group of NPC columns is NPC/8 adjacent lanes. The loads of
+// One CTA of THREADS threads per row (grid-stride); thread t owns the COLS = 8 * TK_FPL columns
+// of unit u = c * THREADS + t of chunk c, so a group of NPC columns is NPC/COLS adjacent lanes. The loads of
 // chunk c + 1 are issued before chunk c is processed (two chunks in flight); the divisions run
 // inline when the fragment's gates allow (tkq::div8_by, TK_FASTDIV).
 #include "tk/fused_io.cuh"
@@ -51,25 +51,47 @@ struct Params {
     float clamp;
 };
 
+// TK_FPL (default 2): 8-column fragments per lane and chunk. 2: a lane owns 16 consecutive
+// columns of the row (one LDG.128 each of x and y, two of grad, one STG.128 of each e4m3 half),
+// so the per-lane fixed work of a chunk (row offsets, the two scale loads, the group amax
+// shuffles, the two scale_pair and the scale stores) is paid once per 16 elements instead of 8;
+// 1: the previous geometry (8 columns per lane).
+#ifndef TK_FPL
+#define TK_FPL 2
+#endif
+// TK_MINB: CTAs per SM asked of the register allocator (__launch_bounds__ minimum blocks).
+// FPL 2 takes 160 registers (3 CTAs, 12 warps per SM) without spills; 4 caps it at 128 (16
+// warps) but spills 140 bytes on sm_90a.
+#ifndef TK_MINB
+#define TK_MINB 3
+#endif
 constexpr int THREADS = 128, NWARPS = THREADS / 32;
-constexpr int LK = TK_NPC / 8;  // lanes per group
+constexpr int FPL = TK_FPL, COLS = 8 * FPL;  // fragments and columns per lane
+constexpr int LK = TK_NPC / COLS;           // lanes per group
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPC == 32 || TK_NPC == 128, "NPC must be 32 or 128");
+static_assert(FPL == 1 || FPL == 2, "FPL must be 1 or 2");
 
-// The raw loads of one 8-column fragment f of a row (zeros beyond the row's fragments): gate
-// and value e4m3 codes, their dequantization scales, and the bf16 gradient.
+// The raw loads of one lane unit u of a row (COLS columns from u * COLS; zeros beyond the
+// row's units): gate and value e4m3 codes, their dequantization scales (one group, as
+// COLS divides NPC), and the bf16 gradient.
 struct Raw {
-    u32 x[2], y[2], g[4];
+    u32 x[2 * FPL], y[2 * FPL], g[4 * FPL];
     float sx, sy;
 };
 
-__device__ __forceinline__ Raw load_raw(const Params& p, const u8* xrow, const float* srow, const u8* grow, u64 f, u64 frags) {
-    Raw r{{0, 0}, {0, 0}, {0, 0, 0, 0}, 0.0f, 0.0f};
-    if (f < frags) {
-        const u64 j0 = f * 8;
-        tkq::load_bytes<8, VECIO>(xrow + j0, r.x);         // (8,) e4m3 of X
-        tkq::load_bytes<8, VECIO>(xrow + p.h + j0, r.y);   // (8,) e4m3 of Y
-        tkq::load_bytes<16, VECIO>(grow + j0 * 2, r.g);    // (8,) bf16 of grad_out
+__device__ __forceinline__ Raw load_raw(const Params& p, const u8* xrow, const float* srow, const u8* grow, u64 u, u64 units) {
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 2 * FPL; ++i) r.x[i] = r.y[i] = 0;
+#pragma unroll
+    for (int i = 0; i < 4 * FPL; ++i) r.g[i] = 0;
+    r.sx = r.sy = 0.0f;
+    if (u < units) {
+        const u64 j0 = u * COLS;
+        tkq::load_bytes<COLS, VECIO>(xrow + j0, r.x);          // (COLS,) e4m3 of X
+        tkq::load_bytes<COLS, VECIO>(xrow + p.h + j0, r.y);    // (COLS,) e4m3 of Y
+        tkq::load_bytes<2 * COLS, VECIO>(grow + j0 * 2, r.g);  // (COLS,) bf16 of grad_out
         r.sx = srow[j0 / TK_NPC];
         r.sy = srow[(p.h + j0) / TK_NPC];
     }
@@ -83,15 +105,20 @@ __device__ __forceinline__ float group_max(float a) {
     return a;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) tk_swiglu_backward_and_per_token_cast(const Params p) {
-    __shared__ float red[NWARPS];  // (warps,) partial weight-gradient sums
+// TK_CLAMP_SPLIT (default 1): the row loop is instantiated twice, with and without the clamp,
+// and chosen once per CTA; 0: one instance testing has_clamp per element. With the test inside
+// the loop the sm_90a SASS branches around every element's clamp (16 @!P1 BRA per lane and
+// chunk) and keeps the 16 elements' clamp flags live across the expf/division block.
+#ifndef TK_CLAMP_SPLIT
+#define TK_CLAMP_SPLIT 1
+#endif
+
+// The rows r = blockIdx.x + i * gridDim.x: out, x_grad, x_grad_fp8 and its scales, and the
+// weight_grad entry of each routed row. With TK_CLAMP_SPLIT, CLAMP = p.has_clamp (else p.has_clamp is read per element).
+template <bool CLAMP>
+__device__ __forceinline__ void backward_rows(const Params& p, float (&red)[NWARPS]) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    // Zero the weight_grad slots no row owns (token_topk_to_pos == -1).
-    for (u64 s = (u64)blockIdx.x * THREADS + threadIdx.x; s < p.tk; s += (u64)gridDim.x * THREADS) {
-        const i32 pos = reinterpret_cast<const i32*>(p.ttp)[(s / p.k) * p.ttp_s0 + (s % p.k) * p.ttp_s1];
-        if (pos == -1) reinterpret_cast<float*>(p.wg)[s] = 0.0f;
-    }
-    const u64 frags = p.h / 8, nbk = 2 * p.h / TK_NPC;
+    const u64 units = p.h / COLS, nbk = 2 * p.h / TK_NPC;  // H % NPC == 0, so COLS | H
     for (u64 r = blockIdx.x; r < p.n; r += gridDim.x) {
         const i32 slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
         const bool has_w = slot >= 0 && (u64)slot < p.tk;
@@ -101,38 +128,47 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_swiglu_backward_and_per
         const float* srow = reinterpret_cast<const float*>(p.xs) + r * p.xs_ld;         // (2H/NPC,) fp32
         const u8* grow = reinterpret_cast<const u8*>(p.g) + r * p.ldg * 2;              // (H,) bf16
         float wsum = 0.0f;
-        Raw cur = load_raw(p, xrow, srow, grow, threadIdx.x, frags);
-        for (u64 c0 = 0; c0 < frags; c0 += THREADS) {
+        Raw cur = load_raw(p, xrow, srow, grow, threadIdx.x, units);
+        for (u64 c0 = 0; c0 < units; c0 += THREADS) {
             // The next chunk's loads are issued before this chunk is processed.
-            const Raw nxt = load_raw(p, xrow, srow, grow, c0 + THREADS + threadIdx.x, frags);
-            const u64 f = c0 + threadIdx.x;  // this lane's fragment (groups never straddle chunks)
-            const bool ok = f < frags;
-            const u64 j0 = f * 8;            // first column of the fragment
-            float X[8], Y[8], G[8];
-            tkq::widen8<2>(cur.x, X);
-            tkq::widen8<2>(cur.y, Y);
-            tkq::widen8<1>(cur.g, G);
+            const Raw nxt = load_raw(p, xrow, srow, grow, c0 + THREADS + threadIdx.x, units);
+            const u64 u = c0 + threadIdx.x;  // this lane's unit (groups never straddle chunks)
+            const bool ok = u < units;
+            const u64 j0 = u * COLS;         // first column of the unit
+            float X[COLS], Y[COLS], G[COLS];  // (COLS,) dequantized gate, value; gradient
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
+            for (int fr = 0; fr < FPL; ++fr) {
+                const u32 xw[2] = {cur.x[2 * fr], cur.x[2 * fr + 1]};
+                const u32 yw[2] = {cur.y[2 * fr], cur.y[2 * fr + 1]};
+                const u32 gw[4] = {cur.g[4 * fr], cur.g[4 * fr + 1], cur.g[4 * fr + 2], cur.g[4 * fr + 3]};
+                tkq::widen8<2>(xw, *reinterpret_cast<float(*)[8]>(X + 8 * fr));
+                tkq::widen8<2>(yw, *reinterpret_cast<float(*)[8]>(Y + 8 * fr));
+                tkq::widen8<1>(gw, *reinterpret_cast<float(*)[8]>(G + 8 * fr));
+            }
+#pragma unroll
+            for (int e = 0; e < COLS; ++e) {
                 X[e] = __fmul_rn(X[e], cur.sx);
                 Y[e] = __fmul_rn(Y[e], cur.sy);
             }
             cur = nxt;
-            float xv[8], yv[8], t[8], s[8], xt[8];  // (8,) clamped inputs, fl(1 + expf(-X)), 1/t, X/t
-            tkq::ClampFlags fl[8];
+            float xv[COLS], yv[COLS], t[COLS], s[COLS], xt[COLS];  // (COLS,) clamped inputs, fl(1 + expf(-X)), 1/t, X/t
+            tkq::ClampFlags fl[COLS];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
+            for (int e = 0; e < COLS; ++e) {
                 xv[e] = X[e];
                 yv[e] = Y[e];
                 fl[e] = tkq::ClampFlags{false, false, false};
-                if (p.has_clamp) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
+                if (TK_CLAMP_SPLIT ? CLAMP : p.has_clamp != 0) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
                 t[e] = __fadd_rn(1.0f, expf(-xv[e]));
             }
-            tkq::div8_by(xv, t, s, xt);
-            float o[8], dx[8], dy[8];  // (8,) out before bf16, gradients
+#pragma unroll
+            for (int fr = 0; fr < FPL; ++fr)
+                tkq::div8_by(*reinterpret_cast<const float(*)[8]>(xv + 8 * fr), *reinterpret_cast<const float(*)[8]>(t + 8 * fr),
+                             *reinterpret_cast<float(*)[8]>(s + 8 * fr), *reinterpret_cast<float(*)[8]>(xt + 8 * fr));
+            float o[COLS], dx[COLS], dy[COLS];  // (COLS,) out before bf16, gradients
             float ax = 0.0f, ay = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
+            for (int e = 0; e < COLS; ++e) {
                 const float act = __fmul_rn(xt[e], yv[e]);
                 const float gws = __fmul_rn(__fmul_rn(G[e], w), s[e]);
                 dx[e] = fl[e].gate ? 0.0f : __fmul_rn(__fmul_rn(gws, yv[e]), __fmaf_rn(xv[e], __fsub_rn(1.0f, s[e]), 1.0f));
@@ -148,15 +184,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_swiglu_backward_and_per
             tkq::scale_pair_fast<TK_ROUND != 0>(ax, __uint_as_float(0x38D1B717u), 448.0f, sfx, invx);
             tkq::scale_pair_fast<TK_ROUND != 0>(ay, __uint_as_float(0x38D1B717u), 448.0f, sfy, invy);
             if (!ok) continue;
-            u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + j0) * 2;    // (8,) bf16 of out
-            u8* xg = reinterpret_cast<u8*>(p.xg) + (r * 2 * p.h + j0) * 2;  // (8,) bf16 of x_grad (dX half)
-            u8* q = reinterpret_cast<u8*>(p.q) + r * 2 * p.h + j0;          // (8,) e4m3 of x_grad_fp8 (dX half)
-            tkq::store8_plain<1, VECIO>(out, o);
-            tkq::store8_plain<1, VECIO>(xg, dx);
-            tkq::store8_plain<1, VECIO>(xg + p.h * 2, dy);
-            tkq::store8_quant<0, VECIO>(q, dx, invx);
-            tkq::store8_quant<0, VECIO>(q + p.h, dy, invy);
-            if (f % LK == 0) {
+            u32 wo[4 * FPL], wx[4 * FPL], wy[4 * FPL], qx[2 * FPL], qy[2 * FPL];  // packed words of the unit
+#pragma unroll
+            for (int fr = 0; fr < FPL; ++fr) {
+                tkq::pack8_plain<1>(*reinterpret_cast<const float(*)[8]>(o + 8 * fr), *reinterpret_cast<u32(*)[4]>(wo + 4 * fr));
+                tkq::pack8_plain<1>(*reinterpret_cast<const float(*)[8]>(dx + 8 * fr), *reinterpret_cast<u32(*)[4]>(wx + 4 * fr));
+                tkq::pack8_plain<1>(*reinterpret_cast<const float(*)[8]>(dy + 8 * fr), *reinterpret_cast<u32(*)[4]>(wy + 4 * fr));
+                tkq::pack8_quant<0>(*reinterpret_cast<const float(*)[8]>(dx + 8 * fr), invx, *reinterpret_cast<u32(*)[2]>(qx + 2 * fr));
+                tkq::pack8_quant<0>(*reinterpret_cast<const float(*)[8]>(dy + 8 * fr), invy, *reinterpret_cast<u32(*)[2]>(qy + 2 * fr));
+            }
+            u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + j0) * 2;    // (COLS,) bf16 of out
+            u8* xg = reinterpret_cast<u8*>(p.xg) + (r * 2 * p.h + j0) * 2;  // (COLS,) bf16 of x_grad (dX half)
+            u8* q = reinterpret_cast<u8*>(p.q) + r * 2 * p.h + j0;          // (COLS,) e4m3 of x_grad_fp8 (dX half)
+            tkq::store_bytes<2 * COLS, VECIO>(out, wo);
+            tkq::store_bytes<2 * COLS, VECIO>(xg, wx);
+            tkq::store_bytes<2 * COLS, VECIO>(xg + p.h * 2, wy);
+            tkq::store_bytes<COLS, VECIO>(q, qx);
+            tkq::store_bytes<COLS, VECIO>(q + p.h, qy);
+            if (u % LK == 0) {
                 float* sf = reinterpret_cast<float*>(p.qsf) + r * nbk;  // (2H/NPC,) scales of row r
                 sf[j0 / TK_NPC] = sfx;
                 sf[(p.h + j0) / TK_NPC] = sfy;
@@ -175,3 +220,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) tk_swiglu_backward_and_per
         __syncthreads();  // red is reused by the next row
     }
 }
+
+extern "C" __global__ void __launch_bounds__(THREADS, TK_MINB) tk_swiglu_backward_and_per_token_cast(const Params p) {
+    __shared__ float red[NWARPS];  // (warps,) partial weight-gradient sums
+    // Zero the weight_grad slots no row owns (token_topk_to_pos == -1).
+    for (u64 s = (u64)blockIdx.x * THREADS + threadIdx.x; s < p.tk; s += (u64)gridDim.x * THREADS) {
+        const i32 pos = reinterpret_cast<const i32*>(p.ttp)[(s / p.k) * p.ttp_s0 + (s % p.k) * p.ttp_s1];
+        if (pos == -1) reinterpret_cast<float*>(p.wg)[s] = 0.0f;
+    }
+#if TK_CLAMP_SPLIT
+    if (p.has_clamp) backward_rows<true>(p, red);
+    else backward_rows<false>(p, red);
+#else
+    backward_rows<false>(p, red);
+#endif
+}
+
