@@ -339,6 +339,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #define TK_ONE_MAX_E 256  // = THREADS (a macro: the preprocessor does not see constexpr values)
 #if TK_E <= TK_ONE_MAX_E
 static_assert(TK_ONE_MAX_E == THREADS, "one expert per thread in tk_fused_one's scan");
+// Chunk counts a thread loads at once after the grid barrier (knob): 24 covers a thread's
+// whole share (ceil(B / 8) = 17 at B = 132, E = 32) in one L2 round; 8 takes three.
+#ifndef TK_ONE_CB
+#define TK_ONE_CB 24
+#endif
 constexpr int ONE_G = THREADS / pow2_at_least(TK_E) < 32 ? THREADS / pow2_at_least(TK_E) : 32;
 
 // Block-wide: returns when every block of the grid has called it; afterwards the block sees
@@ -403,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const u32 e = threadIdx.x / ONE_G, s = threadIdx.x % ONE_G;
     const u64 per = (B + ONE_G - 1) / ONE_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
     i64 total = 0, before = 0;  // this thread's chunks of expert e: all, those before block b
-    constexpr int CB = 8;       // chunk counts loaded together
+    constexpr int CB = TK_ONE_CB;  // chunk counts loaded together
     for (u64 c0 = b0; e < TK_E && c0 < b1; c0 += CB) {
         i32 c[CB];  // (CB,) counts of chunks c0 ..
 #pragma unroll

@@ -286,9 +286,10 @@ pub use gpu::*;
 /// per-expert counts, waits at a grid barrier (a ticket in the per-stream workspace, zeroed
 /// again by the last block to leave), then reads all blocks' counts and computes the totals,
 /// `A_e`, the segment starts and its own chunk offsets itself, and places its entries as the
-/// scatter below does (bit-identical maps). CUDA graphs capture cooperative launches from CUDA
-/// 12 on (kernel nodes with the cooperative attribute). Otherwise two launches on the op's
-/// stream:
+/// scatter below does (bit-identical maps). Stream capture records a cooperative launch as a
+/// kernel node with the cooperative attribute (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`, valid for graph
+/// nodes), so the op stays graph-capturable (not exercised by a test here). Otherwise two
+/// launches on the op's stream:
 /// 1. count and scan: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each
 ///    block of 1024 threads counts its chunk per expert (shared-memory histogram), and the last
 ///    block to finish (a ticket in the per-stream zeroed workspace, reset by that block) scans:
