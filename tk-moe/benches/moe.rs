@@ -9,7 +9,7 @@
 //! | `mask_indices_by_tp` | tp ∈ {2, 4, 8}, seeded random rank | `16TK` |
 //! | `inplace_unique_group_indices` | groups ∈ {8, 16, 72} dividing the global experts (time includes a copy of the input, as upstream's clone) | `8TK + 4·#changed` |
 //! | `normalize_weight` | | `8TK + 4T` |
-//! | `get_fused_mapping` | alignment 128; host-sync (as upstream) and graph-safe capacity | `8TK + 12M + 4TK + 12E` |
+//! | `get_fused_mapping` | alignment 128; host-sync (as upstream), graph-safe capacity (one cooperative launch) and capacity with two launches (A/B) | `8TK + 12M + 4TK + 12E` |
 //! | `expand_to_fused` | bf16, H ∈ the 7 hidden sizes, alignment 16 | `2TH + 4TK + 4M + 2MH` |
 //! | `expand_to_fused_with_sf` | e4m3, 7 H × npc {32, 128} × {fp32 row-major, packed UE8M0 col-major} | `TH + 4T·Hs + 4TK + 4M + MH + 4M·Hs` |
 //! | `reduce_fused` | K = 6 configs, H ∈ {2048 .. 7168}, in {fp32, bf16} × out {in, e4m3} × x_sf, weights on, `T·K` fused rows | `4TK + [4TK] + T·H·out_b + nvalid·H·in_b + 4TK` |
@@ -173,18 +173,25 @@ fn bench_small_ops(b: &mut Bench, c: &Case) -> Result<()> {
     )?;
     let cap = max_fused_rows(t, k, e, 128).unwrap_or(m);
     let mut maps = DeviceFusedMapping::alloc(&dev, t, k, e, cap)?;
-    b.run(
-        "get_fused_mapping",
-        &format!("{n} a=128 capacity"),
-        bytes,
-        || {
-            get_fused_mapping_into(
-                &di.view(),
-                &GetFusedMappingParams::new(e, 128, cap),
-                &mut maps,
-            )
-        },
-    )?;
+    // Capacity: one cooperative launch (the default for E <= 256), and the two launches (A/B).
+    for (tag, launch) in [
+        ("capacity", FusedLaunch::Auto),
+        ("capacity two-launch", FusedLaunch::TwoLaunches),
+    ] {
+        b.run(
+            "get_fused_mapping",
+            &format!("{n} a=128 {tag}"),
+            bytes,
+            || {
+                get_fused_mapping_into_with(
+                    &di.view(),
+                    &GetFusedMappingParams::new(e, 128, cap),
+                    &mut maps,
+                    launch,
+                )
+            },
+        )?;
+    }
     Ok(())
 }
 

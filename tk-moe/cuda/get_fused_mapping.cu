@@ -4,8 +4,9 @@
 //
 // Defines: TK_K (slots per token), TK_E (experts, <= 1024).
 //
-// Two entries, launched in this order on one stream (the host-sync convenience reads the
-// layout's end between them to size the row maps):
+// One cooperative launch in the capacity mode (tk_fused_one, at the end of this file, for
+// E <= 256); otherwise two entries, launched in this order on one stream (the host-sync
+// convenience reads the layout's end between them to size the row maps):
 // 1. tk_fused_count_scan (B blocks of 1024): block b counts the entries of its flat chunk
 //    [b*L, (b+1)*L) per expert into cnt[b, :] (shared histogram with 32 lane copies per expert
 //    for E <= 256; each thread loads four 16-byte pairs of entries before counting them). The
@@ -46,7 +47,7 @@ __host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 *
 constexpr int SCAN_G =
     SCAN_THREADS / pow2_at_least(TK_E) < 32 ? SCAN_THREADS / pow2_at_least(TK_E) : 32;
 
-// Exclusive block scan (SCAN_THREADS threads) of one i64 per thread.
+// Exclusive block scan (a multiple of 32 threads, at most 1024) of one i64 per thread.
 __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     i64 incl = v;
@@ -58,7 +59,7 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 v, i64* warp_sums) {
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        i64 s = warp_sums[lane];
+        i64 s = lane < blockDim.x / 32 ? warp_sums[lane] : 0;
 #pragma unroll
         for (int d = 1; d < 32; d *= 2) {
             const i64 o = __shfl_up_sync(0xffffffffu, s, d);
@@ -164,18 +165,103 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
     if (last_block_done(ws)) scan_chunks(cnt, gridDim.x, a, expert_start, expert_end, num_tokens_per_expert);
 }
 
+// The three row maps, token_topk_to_pos and the row count M of one launch.
+struct Maps {
+    i32* __restrict__ ttp;                // (T, K) i32 contiguous
+    i32* __restrict__ pos_to_expert;      // (M,) i32
+    i32* __restrict__ pos_to_token;       // (M,) i32
+    i32* __restrict__ pos_to_token_topk;  // (M,) i32
+    u64 M;
+};
+
 // Stores the maps of entry i (expert v >= 0, fused row p): its row p when p < M, else
 // token_topk_to_pos = -1 only (capacity too small).
-__device__ __forceinline__ void place(i32* __restrict__ ttp, i32* __restrict__ pos_to_expert,
-                                      i32* __restrict__ pos_to_token, i32* __restrict__ pos_to_token_topk, u64 M,
-                                      u64 i, i64 v, i64 p) {
-    if (p < (i64)M) {
-        ttp[i] = (i32)p;
-        pos_to_expert[p] = (i32)v;
-        pos_to_token[p] = (i32)(i / TK_K);
-        pos_to_token_topk[p] = (i32)i;
+__device__ __forceinline__ void place(const Maps& m, u64 i, i64 v, i64 p) {
+    if (p < (i64)m.M) {
+        m.ttp[i] = (i32)p;
+        m.pos_to_expert[p] = (i32)v;
+        m.pos_to_token[p] = (i32)(i / TK_K);
+        m.pos_to_token_topk[p] = (i32)i;
     } else {
-        ttp[i] = -1;
+        m.ttp[i] = -1;
+    }
+}
+
+// Writes -1 to the rows first, first + step, .. below last of the three row maps.
+__device__ __forceinline__ void pad_rows(const Maps& m, u64 first, u64 last, u64 step) {
+    for (u64 p = first; p < last; p += step) {
+        m.pos_to_expert[p] = -1;
+        m.pos_to_token[p] = -1;
+        m.pos_to_token_topk[p] = -1;
+    }
+}
+
+constexpr int R = 8;  // groups of 32 entries per lane held in registers by the walks
+
+// vs: (R,) this lane's entry of each group of 32 from g0 (its legal expert, or -1 past wend).
+__device__ __forceinline__ void load_groups(i32 (&vs)[R], const i64* __restrict__ idx, u64 ld, u64 g0, u64 wend,
+                                            u32 lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u64 i = g0 + r * 32 + lane;
+        vs[r] = i < wend ? (i32)legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
+    }
+}
+
+// Walk 1 of a warp over its sub-chunk [wbegin, wend), 32 entries at a time: adds its entries
+// per expert to my (E,) (shared, its row of wcnt). vs holds the first groups (loaded by the
+// caller); afterwards it holds the last ones. The leaders of a group hold distinct experts;
+// __syncwarp orders a leader's update before another lane's in the next group.
+__device__ __forceinline__ void count_walk(u32* my, i32 (&vs)[R], const i64* __restrict__ idx, u64 ld, u64 wbegin,
+                                           u64 wend, u32 lane) {
+    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
+        if (g0 != wbegin) load_groups(vs, idx, ld, g0, wend, lane);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const i32 v = vs[r];
+            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
+            if (v >= 0 && __popc(same & ((1u << lane) - 1)) == 0) my[v] += __popc(same);
+            __syncwarp();
+        }
+    }
+}
+
+// Turns the per-warp counts wcnt[.][e] (WARPS, E) into exclusive offsets over the warps (the
+// entries of warp w come after those of the warps before it); returns the chunk's count of e.
+__device__ __forceinline__ u32 warp_offsets(u32 (*wcnt)[TK_E], u32 e) {
+    u32 run = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        const u32 c = wcnt[w][e];
+        wcnt[w][e] = run;
+        run += c;
+    }
+    return run;
+}
+
+// Walk 2 of a warp, in flat order: places its entries at running[v] (first row of this
+// block's entries of expert v) + my[v] (the warp's offset, advanced as it goes) + the
+// same-expert lanes below (__match_any_sync). vs: as count_walk left it (the only groups when
+// one_round).
+__device__ __forceinline__ void place_walk(const Maps& m, const i64* running, u32* my, i32 (&vs)[R],
+                                           const i64* __restrict__ idx, u64 ld, u64 wbegin, u64 wend, u32 lane) {
+    const bool one_round = wend - wbegin <= R * 32;
+    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
+        if (!one_round) load_groups(vs, idx, ld, g0, wend, lane);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u64 i = g0 + r * 32 + lane;
+            const i32 v = vs[r];
+            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
+            const u32 below = __popc(same & ((1u << lane) - 1));
+            if (v >= 0)
+                place(m, i, v, running[v] + my[v] + below);
+            else if (i < wend)
+                m.ttp[i] = -1;
+            __syncwarp();  // every lane has read my[v] before its leader advances it
+            if (v >= 0 && below == 0) my[v] += __popc(same);
+            __syncwarp();
+        }
     }
 }
 
@@ -192,22 +278,14 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                      i32* __restrict__ ttp, i32* __restrict__ pos_to_expert, i32* __restrict__ pos_to_token,
                      i32* __restrict__ pos_to_token_topk, const i32* __restrict__ expert_start,
                      const i32* __restrict__ expert_end) {
+    const Maps maps{ttp, pos_to_expert, pos_to_token, pos_to_token_topk, M};
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const u64 sub = L / WARPS;
     const u64 wbegin = min(blockIdx.x * L + warp * sub, T * TK_K), wend = min(wbegin + sub, T * TK_K);
-    constexpr int R = 8;  // groups of 32 entries per lane held in registers
-    const bool one_round = wend - wbegin <= R * 32;
-    i32 vs[R];            // (R,) this lane's entry of each group: its legal expert or -1
-    const auto load_groups = [&](u64 g0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const u64 i = g0 + r * 32 + lane;
-            vs[r] = i < wend ? (i32)legal_or_minus_one(__ldg(idx + (i / TK_K) * ld + i % TK_K), TK_E) : -1;
-        }
-    };
+    i32 vs[R];  // (R,) this lane's entry of each group: its legal expert or -1
     // The first groups' entries are loaded first, so that their latency overlaps the padding
     // rows and the setup below.
-    load_groups(wbegin);
+    load_groups(vs, idx, ld, wbegin, wend, lane);
     // The other global values the setup needs are loaded next, before any of them is used, so
     // that the setup costs one memory round (for E <= 256): this block's chunk base of expert
     // threadIdx.x, the end of the last segment, and the first padding segment (expert b, when
@@ -227,17 +305,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             first = (u64)expert_start[e] + (u64)base[B * TK_E + e];
             last = min((u64)expert_end[e], M);
         }
-        for (u64 p = first + threadIdx.x; p < last; p += THREADS) {
-            pos_to_expert[p] = -1;
-            pos_to_token[p] = -1;
-            pos_to_token_topk[p] = -1;
-        }
+        pad_rows(maps, first + threadIdx.x, last, THREADS);
     }
-    for (u64 p = tail + (u64)blockIdx.x * THREADS + threadIdx.x; p < M; p += B * THREADS) {
-        pos_to_expert[p] = -1;
-        pos_to_token[p] = -1;
-        pos_to_token_topk[p] = -1;
-    }
+    pad_rows(maps, tail + (u64)blockIdx.x * THREADS + threadIdx.x, M, B * THREADS);
     __shared__ i64 running[TK_E];      // (E,) first row of this block's entries of each expert
     __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) per warp: its count, then its running offset
     for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
@@ -246,48 +316,140 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
     }
     __syncthreads();
-    u32* const my = wcnt[warp];  // (E,) this warp's row
-    // Walk 1: count. The leaders of a group hold distinct experts; __syncwarp orders a leader's
-    // update before another lane's in the next group.
-    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
-        if (g0 != wbegin) load_groups(g0);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const i32 v = vs[r];
-            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
-            if (v >= 0 && __popc(same & ((1u << lane) - 1)) == 0) my[v] += __popc(same);
-            __syncwarp();
-        }
+    count_walk(wcnt[warp], vs, idx, ld, wbegin, wend, lane);
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) warp_offsets(wcnt, e);
+    __syncthreads();
+    place_walk(maps, running, wcnt[warp], vs, idx, ld, wbegin, wend, lane);
+}
+
+// ----- one launch (capacity mode, cooperative launch) ----------------------------------------
+//
+// tk_fused_one (B blocks of THREADS, all co-resident: the host launches it cooperatively, B <=
+// the SM count): block b runs walk 1 of the scatter on its chunk (its entries stay in registers
+// when a warp's share is <= R groups), turns the per-warp counts into warp offsets and
+// publishes its chunk counts cnt[b, :]; a grid barrier (ws word 0: arrivals, spun on with
+// ld.acquire.gpu; word 1: departures, the last CTA to depart zeroes both); then EVERY block
+// reads the (B, E) counts (G threads per expert, through L2) and computes the totals c_e, its
+// own prefix sum_{b' < b} cnt[b', e], A_e and (a block scan) the segment starts, so no block
+// waits for a serial scan or a second launch; block 0 writes the per-expert outputs; each block
+// writes its padding rows and places its entries (walk 2) exactly as tk_fused_scatter does
+// (same rows: bit-identical maps). Compiled for E <= THREADS only (one expert per thread in
+// the scan); the host keeps the two launches for larger E.
+#define TK_ONE_MAX_E 256  // = THREADS (a macro: the preprocessor does not see constexpr values)
+#if TK_E <= TK_ONE_MAX_E
+static_assert(TK_ONE_MAX_E == THREADS, "one expert per thread in tk_fused_one's scan");
+// Chunk counts a thread loads at once after the grid barrier (knob): 24 covers a thread's
+// whole share (ceil(B / 8) = 17 at B = 132, E = 32) in one L2 round; 8 takes three.
+#ifndef TK_ONE_CB
+#define TK_ONE_CB 24
+#endif
+constexpr int ONE_G = THREADS / pow2_at_least(TK_E) < 32 ? THREADS / pow2_at_least(TK_E) : 32;
+
+// Block-wide: returns when every block of the grid has called it; afterwards the block sees
+// every global write the other blocks made before calling it (release fence + arrival atomic,
+// acquire load + fence, then the CTA barrier: the pattern of last_block_done).
+__device__ __forceinline__ void grid_barrier(u32* ws) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        fence_acq_rel_gpu();  // release: this CTA's writes before its arrival
+        atomicAdd(ws + WS_TICKET, 1u);
+        u32 arrived;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(ws + WS_TICKET) : "memory");
+        } while (arrived < gridDim.x);
+        fence_acq_rel_gpu();  // acquire: the other CTAs' writes are seen from here on
     }
     __syncthreads();
-    // Exclusive scan of each expert's counts over the warps (the entries of warp w come after
-    // those of the warps before it).
-    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
-        u32 run = 0;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            const u32 c = wcnt[w][e];
-            wcnt[w][e] = run;
-            run += c;
-        }
-    }
+}
+
+// Block-wide, after the block's last read of what the barrier published: the last block to
+// depart zeroes the arrival and departure words (every block has passed its spin by then).
+__device__ __forceinline__ void grid_barrier_depart(u32* ws) {
     __syncthreads();
-    // Walk 2: place, in flat order.
-    for (u64 g0 = wbegin; g0 < wend; g0 += R * 32) {
-        if (!one_round) load_groups(g0);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const u64 i = g0 + r * 32 + lane;
-            const i32 v = vs[r];
-            const u32 same = __match_any_sync(0xffffffffu, (u32)v);
-            const u32 below = __popc(same & ((1u << lane) - 1));
-            if (v >= 0)
-                place(ttp, pos_to_expert, pos_to_token, pos_to_token_topk, M, i, v, running[v] + my[v] + below);
-            else if (i < wend)
-                ttp[i] = -1;
-            __syncwarp();  // every lane has read my[v] before its leader advances it
-            if (v >= 0 && below == 0) my[v] += __popc(same);
-            __syncwarp();
-        }
+    if (threadIdx.x == 0 && atomicAdd(ws + WS_TICKET + 1, 1u) == gridDim.x - 1) {
+        atomicExch(ws + WS_TICKET, 0u);
+        atomicExch(ws + WS_TICKET + 1, 0u);
     }
 }
+
+// cnt: (B, E) i32 scratch (row b written by block b); ws: the per-stream zeroed workspace
+// (words 0 and 1, left zero); idx: (T, K) i64 row stride ld; ttp: (T, K) i32 contiguous;
+// pos_to_*: (M,) i32; expert_start, expert_end, num_tokens_per_expert: (E,) i32. L (the chunk
+// length) is a multiple of 256.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    tk_fused_one(i32* __restrict__ cnt, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T, u64 L,
+                 i64 a, u64 M, i32* __restrict__ ttp, i32* __restrict__ pos_to_expert,
+                 i32* __restrict__ pos_to_token, i32* __restrict__ pos_to_token_topk,
+                 i32* __restrict__ expert_start, i32* __restrict__ expert_end,
+                 i32* __restrict__ num_tokens_per_expert) {
+    const Maps maps{ttp, pos_to_expert, pos_to_token, pos_to_token_topk, M};
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u64 B = gridDim.x, b = blockIdx.x;
+    const u64 sub = L / WARPS;
+    const u64 wbegin = min(b * L + warp * sub, T * TK_K), wend = min(wbegin + sub, T * TK_K);
+    i32 vs[R];  // (R,) this lane's entry of each group: its legal expert or -1
+    load_groups(vs, idx, ld, wbegin, wend, lane);
+    __shared__ u32 wcnt[WARPS][TK_E];  // (warps, E) per warp: its count, then its running offset
+    __shared__ i64 running[TK_E];      // (E,) first row of this block's entries of each expert
+    __shared__ i64 seg[TK_E];          // (E,) A_e, then the segment starts
+    __shared__ u32 ctot[TK_E];         // (E,) c_e
+    __shared__ i64 warp_sums[32];
+    for (u32 e = threadIdx.x; e < TK_E; e += THREADS) {
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) wcnt[w][e] = 0;
+    }
+    __syncthreads();
+    count_walk(wcnt[warp], vs, idx, ld, wbegin, wend, lane);
+    __syncthreads();
+    if (threadIdx.x < TK_E) cnt[b * TK_E + threadIdx.x] = (i32)warp_offsets(wcnt, threadIdx.x);
+    grid_barrier(ws);
+    // Expert e = threadIdx.x / ONE_G: its ONE_G threads share the B chunk counts.
+    const u32 e = threadIdx.x / ONE_G, s = threadIdx.x % ONE_G;
+    const u64 per = (B + ONE_G - 1) / ONE_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
+    i64 total = 0, before = 0;  // this thread's chunks of expert e: all, those before block b
+    constexpr int CB = TK_ONE_CB;  // chunk counts loaded together
+    for (u64 c0 = b0; e < TK_E && c0 < b1; c0 += CB) {
+        i32 c[CB];  // (CB,) counts of chunks c0 ..
+#pragma unroll
+        for (int r = 0; r < CB; ++r) c[r] = c0 + r < b1 ? __ldcg(cnt + (c0 + r) * TK_E + e) : 0;
+#pragma unroll
+        for (int r = 0; r < CB; ++r) {
+            total += c[r];
+            before += c0 + r < b ? c[r] : 0;
+        }
+    }
+#pragma unroll
+    for (int d = ONE_G / 2; d >= 1; d /= 2) {
+        total += __shfl_xor_sync(0xffffffffu, total, d, ONE_G);
+        before += __shfl_xor_sync(0xffffffffu, before, d, ONE_G);
+    }
+    if (e < TK_E && s == 0) {
+        ctot[e] = (u32)total;  // <= T*K <= INT32_MAX
+        seg[e] = (total + a - 1) / a * a;
+        running[e] = before;
+    }
+    __syncthreads();
+    const u32 t = threadIdx.x;
+    const i64 len = t < TK_E ? seg[t] : 0;
+    const i64 start = block_exclusive_scan(len, warp_sums);  // synchronises: every cnt read is done
+    grid_barrier_depart(ws);
+    if (t < TK_E) {
+        seg[t] = start;
+        running[t] += start;
+        if (b == 0) {
+            expert_start[t] = sat_i32(start);
+            expert_end[t] = sat_i32(start + len);
+            num_tokens_per_expert[t] = sat_i32(len);
+        }
+    }
+    __syncthreads();
+    // Padding rows, as tk_fused_scatter: segment tails of experts b mod B, then the rows after
+    // the last segment.
+    const auto seg_end = [&](u32 x) { return seg[x] + ((i64)ctot[x] + a - 1) / a * a; };
+    for (u32 x = blockIdx.x; x < TK_E; x += gridDim.x)
+        pad_rows(maps, (u64)(seg[x] + ctot[x]) + threadIdx.x, min((u64)seg_end(x), M), THREADS);
+    pad_rows(maps, (u64)seg_end(TK_E - 1) + b * THREADS + threadIdx.x, M, B * THREADS);
+    place_walk(maps, running, wcnt[warp], vs, idx, ld, wbegin, wend, lane);
+}
+#endif

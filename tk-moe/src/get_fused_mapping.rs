@@ -278,8 +278,18 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`).
 ///
-/// **Kernels** (`cuda/get_fused_mapping.cu`), two launches on the op's stream, deterministic
-/// (positions come from prefix sums of exact counts, never from the order of atomics):
+/// **Kernels** (`cuda/get_fused_mapping.cu`), deterministic (positions come from prefix sums of
+/// exact counts, never from the order of atomics). With [`FusedRows::Capacity`] and `E <= 256`
+/// ([`FusedLaunch::Auto`]): **one cooperative launch** (`tk_fused_one`) of about one block per
+/// SM, all co-resident (checked with the occupancy API; else the two launches below): each block
+/// counts its chunk per warp (walk 1 of the scatter, entries kept in registers), publishes its
+/// per-expert counts, waits at a grid barrier (a ticket in the per-stream workspace, zeroed
+/// again by the last block to leave), then reads all blocks' counts and computes the totals,
+/// `A_e`, the segment starts and its own chunk offsets itself, and places its entries as the
+/// scatter below does (bit-identical maps). Stream capture records a cooperative launch as a
+/// kernel node with the cooperative attribute (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`, valid for graph
+/// nodes), so the op stays graph-capturable (not exercised by a test here). Otherwise two
+/// launches on the op's stream:
 /// 1. count and scan: the flat range `0..T·K` is cut into `B` chunks (about one per SM); each
 ///    block of 1024 threads counts its chunk per expert (shared-memory histogram), and the last
 ///    block to finish (a ticket in the per-stream zeroed workspace, reset by that block) scans:
@@ -329,6 +339,21 @@ mod gpu {
 
     static COUNT_SCAN: KernelSource = source!("tk_fused_count_scan");
     static SCATTER: KernelSource = source!("tk_fused_scatter");
+    static ONE: KernelSource = source!("tk_fused_one");
+
+    /// The largest `E` of the one-launch kernel (one expert per thread in its scan).
+    const ONE_LAUNCH_MAX_E: usize = THREADS as usize;
+
+    /// How the graph-safe GPU op ([`FusedRows::Capacity`]) launches its kernels.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum FusedLaunch {
+        /// One cooperative launch when `E <= 256` and the grid fits the GPU at once, else
+        /// [`FusedLaunch::TwoLaunches`].
+        #[default]
+        Auto,
+        /// Count-and-scan, then scatter (the host-sync mode always launches these two).
+        TwoLaunches,
+    }
 
     /// Threads per block of `tk_fused_count_scan` (the kernel's `SCAN_THREADS`).
     const SCAN_THREADS: u32 = 1024;
@@ -342,6 +367,15 @@ mod gpu {
         })
     }
 
+    /// The one-launch kernel for `num_topk` slots and `num_experts <= 256` experts (`None` above).
+    pub fn one_launch_spec(num_topk: usize, num_experts: usize) -> Option<KernelSpec> {
+        (num_experts <= ONE_LAUNCH_MAX_E).then(|| {
+            KernelSpec::new(&ONE)
+                .define("TK_K", num_topk)
+                .define("TK_E", num_experts)
+        })
+    }
+
     /// Representative specialisations (the moe12 top-k and local expert counts, and the
     /// largest `E`), for compile checks and [`crate::prewarm`].
     pub fn registered_kernels() -> Vec<KernelSpec> {
@@ -349,8 +383,10 @@ mod gpu {
         for k in [2, 6, 8, 9] {
             for e in [4, 9, 32] {
                 v.extend(kernel_specs(k, e));
+                v.extend(one_launch_spec(k, e));
             }
         }
+        v.extend(one_launch_spec(8, ONE_LAUNCH_MAX_E));
         v.extend(kernel_specs(8, super::MAX_EXPERTS));
         v
     }
@@ -401,6 +437,11 @@ mod gpu {
             FusedRows::HostSync => None,
         };
         let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows.unwrap_or(0))?;
+        if let Some(m) = rows {
+            if one_launch(topk_idx, &shape, m, &mut out)? {
+                return Ok(out);
+            }
+        }
         let scratch = count_and_scan(topk_idx, &shape, &mut out)?;
         let m = match rows {
             Some(m) => m,
@@ -439,6 +480,19 @@ mod gpu {
         params: &GetFusedMappingParams,
         out: &mut DeviceFusedMapping,
     ) -> Result<()> {
+        get_fused_mapping_into_with(topk_idx, params, out, FusedLaunch::Auto)
+    }
+
+    /// [`get_fused_mapping_into`] with a choice of kernels (`launch`); the maps are the same
+    /// whichever runs.
+    ///
+    /// Errors: those of [`get_fused_mapping_into`].
+    pub fn get_fused_mapping_into_with(
+        topk_idx: &DeviceView<'_, i64>,
+        params: &GetFusedMappingParams,
+        out: &mut DeviceFusedMapping,
+        launch: FusedLaunch,
+    ) -> Result<()> {
         let shape = params.validate(topk_idx.layout())?;
         let m = out.num_rows();
         if shape.rows != FusedRows::Capacity(m) {
@@ -451,6 +505,9 @@ mod gpu {
             ));
         }
         check_outputs(topk_idx.device(), &shape, m, out)?;
+        if launch == FusedLaunch::Auto && one_launch(topk_idx, &shape, m, out)? {
+            return Ok(());
+        }
         let scratch = count_and_scan(topk_idx, &shape, out)?;
         scatter(topk_idx, &shape, m, &scratch, out)
     }
@@ -480,6 +537,74 @@ mod gpu {
         let sms = dev.props().sm_count.max(1) as usize;
         let chunk = flat.div_ceil(sms).div_ceil(THREADS as usize).max(1) * THREADS as usize;
         (chunk, flat.div_ceil(chunk).max(1))
+    }
+
+    /// The one cooperative launch into row maps of `m` rows, when `E <= 256` and its grid is
+    /// co-resident (else `Ok(false)`, nothing launched).
+    fn one_launch(
+        topk_idx: &DeviceView<'_, i64>,
+        shape: &FusedMappingShape,
+        m: usize,
+        out: &mut DeviceFusedMapping,
+    ) -> Result<bool> {
+        let (t, k, e) = (shape.num_tokens, shape.num_topk, shape.num_experts);
+        let Some(spec) = one_launch_spec(k, e) else {
+            return Ok(false);
+        };
+        let dev = topk_idx.device();
+        let (chunk, nb) = chunking(dev, t * k);
+        let f = dev.function(&spec)?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+            .ctx("occupancy of tk_fused_one")? as usize;
+        if per_sm * (dev.props().sm_count as usize) < nb {
+            return Ok(false);
+        }
+        let mut cnt = dev.alloc::<i32>(&[nb, e])?;
+        let ws = zeroed_words(dev, 2)?;
+        let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
+        let (t64, l64, a64, m64) = (t as u64, chunk as u64, shape.alignment as i64, m as u64);
+        let cnt_addr = cnt.view_mut().address();
+        let addr = |x: &mut DeviceTensor<i32>| x.view_mut().address();
+        let (ttp, pte, ptt, pttk) = (
+            addr(&mut out.token_topk_to_pos),
+            addr(&mut out.pos_to_expert),
+            addr(&mut out.pos_to_token),
+            addr(&mut out.pos_to_token_topk),
+        );
+        let (es, ee, ntpe) = (
+            addr(&mut out.expert_start),
+            addr(&mut out.expert_end),
+            addr(&mut out.num_tokens_per_expert),
+        );
+        let mut l = dev.stream().launch_builder(&f);
+        l.arg(&cnt_addr)
+            .arg(&ws)
+            .arg(&idx)
+            .arg(&ld)
+            .arg(&t64)
+            .arg(&l64)
+            .arg(&a64)
+            .arg(&m64)
+            .arg(&ttp)
+            .arg(&pte)
+            .arg(&ptt)
+            .arg(&pttk)
+            .arg(&es)
+            .arg(&ee)
+            .arg(&ntpe);
+        // SAFETY: block b reads its chunk of topk_idx (flat indices < T·K inside the validated
+        // view), writes cnt[b, 0..E] of the (B, E) scratch and reads all of it after the grid
+        // barrier; the barrier cannot deadlock: the launch is cooperative (the driver refuses it
+        // unless all B blocks are resident at once; B <= occupancy × SMs was checked). It writes
+        // token_topk_to_pos at its flat indices (the checked contiguous (T, K) output), the
+        // three (M,) maps only at rows < M (bounded in the kernel) and, in block 0, the three
+        // checked (E,) outputs at e < E. Words 0 and 1 of the stream's workspace are left zero;
+        // launches on this stream are ordered, so no other kernel uses them meanwhile. The
+        // scratch is freed in stream order.
+        unsafe { l.launch_cooperative(config(nb as u32, THREADS)) }
+            .ctx("launching tk_fused_one")?;
+        Ok(true)
     }
 
     /// Launches the count-and-scan kernel; returns the `(B + 1, E)` scratch of chunk bases and

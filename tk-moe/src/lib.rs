@@ -159,7 +159,10 @@ pub use expand_to_fused_with_sf::{
 };
 pub use expand_to_fused_with_sf::{ExpandToFusedWithSfParams, ExpandWithSfShape, ScaleElement};
 #[cfg(feature = "cuda")]
-pub use get_fused_mapping::{get_fused_mapping, get_fused_mapping_into, DeviceFusedMapping};
+pub use get_fused_mapping::{
+    get_fused_mapping, get_fused_mapping_into, get_fused_mapping_into_with, DeviceFusedMapping,
+    FusedLaunch,
+};
 pub use get_fused_mapping::{
     max_fused_rows, segment_len, FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams,
     MAX_EXPERTS,

@@ -28,6 +28,7 @@ fn off_grid_specs() -> Vec<KernelSpec> {
         }
         for e in [1, 160, 1024] {
             v.extend(tk_moe::get_fused_mapping::kernel_specs(k, e));
+            v.extend(tk_moe::get_fused_mapping::one_launch_spec(k, e));
         }
         v.push(tk_moe::normalize_weight::kernel_spec(k));
         v.push(tk_moe::inplace_unique_group_indices::kernel_spec(k, 1));

@@ -677,7 +677,8 @@ fn gpu_expand_to_fused_with_sf_off_grid() {
 
 // ----- get_fused_mapping -----------------------------------------------------------------------
 
-/// GPU mapping of `idx` (graph-safe capacity `m` on poisoned outputs, and host sync) against the
+/// GPU mapping of `idx` (graph-safe capacity `m + 37` on poisoned outputs, with one and with two
+/// launches, and host sync) against the
 /// CPU reference (on the sanitized indices), bit for bit, plus the spec's invariants and our
 /// documented order.
 fn check_mapping_gpu(dev: &Device, what: &str, idx: &HostTensor<i64>, e: usize, a: usize) {
@@ -693,27 +694,42 @@ fn check_mapping_gpu(dev: &Device, what: &str, idx: &HostTensor<i64>, e: usize, 
         .unwrap();
     check_mapping(what, &clean.view(), e, a, m, &got);
     assert_eq!(got, expected, "{what}: host sync");
-    // Graph-safe, with spare capacity, into poisoned outputs.
+    // Graph-safe, with spare capacity, into poisoned outputs: the one cooperative launch
+    // (E <= 256) and the two launches.
     let cap = m + 37;
-    let mut out = tk_moe::DeviceFusedMapping::alloc(dev, t, k, e, cap).unwrap();
-    for x in [
-        &mut out.pos_to_expert,
-        &mut out.pos_to_token,
-        &mut out.pos_to_token_topk,
-        &mut out.token_topk_to_pos,
-        &mut out.expert_start,
-        &mut out.expert_end,
-        &mut out.num_tokens_per_expert,
-    ] {
-        poison(x).unwrap();
-    }
-    tk_moe::get_fused_mapping_into(&di.view(), &GetFusedMappingParams::new(e, a, cap), &mut out)
-        .unwrap();
-    let got = out.to_host().unwrap();
     let want = reference::get_fused_mapping(&clean.view(), &GetFusedMappingParams::new(e, a, cap))
         .unwrap();
-    check_mapping(&format!("{what} capacity"), &clean.view(), e, a, cap, &got);
-    assert_eq!(got, want, "{what}: capacity {cap}");
+    for launch in [tk_moe::FusedLaunch::Auto, tk_moe::FusedLaunch::TwoLaunches] {
+        let mut out = tk_moe::DeviceFusedMapping::alloc(dev, t, k, e, cap).unwrap();
+        for x in [
+            &mut out.pos_to_expert,
+            &mut out.pos_to_token,
+            &mut out.pos_to_token_topk,
+            &mut out.token_topk_to_pos,
+            &mut out.expert_start,
+            &mut out.expert_end,
+            &mut out.num_tokens_per_expert,
+        ] {
+            poison(x).unwrap();
+        }
+        tk_moe::get_fused_mapping_into_with(
+            &di.view(),
+            &GetFusedMappingParams::new(e, a, cap),
+            &mut out,
+            launch,
+        )
+        .unwrap();
+        let got = out.to_host().unwrap();
+        check_mapping(
+            &format!("{what} capacity {launch:?}"),
+            &clean.view(),
+            e,
+            a,
+            cap,
+            &got,
+        );
+        assert_eq!(got, want, "{what}: capacity {cap} {launch:?}");
+    }
 }
 
 #[test]
