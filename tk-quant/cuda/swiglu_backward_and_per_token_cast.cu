@@ -20,8 +20,9 @@
 //   TK_NPC     32 or 128 (H % NPC == 0)
 //   TK_ROUND   1: power-of-two scales
 //   TK_VECIO   1: vector accesses (every row start 16-byte aligned); 0: bytewise
+//   TK_WARPS   warps per CTA (below)
 //
-// One CTA of THREADS threads per row (grid-stride); thread t owns the COLS = 8 * TK_FPL columns
+// One CTA of THREADS threads per row (grid-stride); thread t owns the COLS = 16 columns
 // of unit u = c * THREADS + t of chunk c, so a group of NPC columns is NPC/COLS adjacent lanes. The loads of
 // chunk c + 1 are issued before chunk c is processed (two chunks in flight); the divisions run
 // inline when the fragment's gates allow (tkq::div8_by, TK_FASTDIV).
@@ -51,26 +52,22 @@ struct Params {
     float clamp;
 };
 
-// TK_FPL (default 2): 8-column fragments per lane and chunk. 2: a lane owns 16 consecutive
-// columns of the row (one LDG.128 each of x and y, two of grad, one STG.128 of each e4m3 half),
-// so the per-lane fixed work of a chunk (row offsets, the two scale loads, the group amax
-// shuffles, the two scale_pair and the scale stores) is paid once per 16 elements instead of 8;
-// 1: the previous geometry (8 columns per lane).
-#ifndef TK_FPL
-#define TK_FPL 2
+// TK_WARPS: warps per CTA (1..4), chosen by the host so that the lanes tile the row's H / 16
+// lane units exactly (no chunk with idle lanes). A lane owns 16 consecutive columns of a chunk
+// (FPL = 2 fragments of 8: one LDG.128 each of x and y, two of grad, one STG.128 of each e4m3
+// half), so the per-lane fixed work of a chunk (row offsets, the two scale loads, the group amax
+// shuffles, the two scale_pair and the scale stores) is paid once per 16 elements.
+#ifndef TK_WARPS
+#define TK_WARPS 4
 #endif
-// TK_MINB: CTAs per SM asked of the register allocator (__launch_bounds__ minimum blocks).
-// FPL 2 takes 160 registers (3 CTAs, 12 warps per SM) without spills; 4 caps it at 128 (16
-// warps) but spills 140 bytes on sm_90a.
-#ifndef TK_MINB
-#define TK_MINB 3
-#endif
-constexpr int THREADS = 128, NWARPS = THREADS / 32;
-constexpr int FPL = TK_FPL, COLS = 8 * FPL;  // fragments and columns per lane
-constexpr int LK = TK_NPC / COLS;           // lanes per group
+// CTAs per SM asked of the register allocator: 12 warps per SM at every TK_WARPS, which caps
+// the kernel at 168 registers (it takes 128 on sm_90a, no spills).
+constexpr int THREADS = 32 * TK_WARPS, NWARPS = TK_WARPS, MINB = 12 / TK_WARPS;
+constexpr int FPL = 2, COLS = 8 * FPL;  // fragments and columns per lane
+constexpr int LK = TK_NPC / COLS;       // lanes per group
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPC == 32 || TK_NPC == 128, "NPC must be 32 or 128");
-static_assert(FPL == 1 || FPL == 2, "FPL must be 1 or 2");
+static_assert(TK_WARPS >= 1 && TK_WARPS <= 4, "TK_WARPS must be 1..4");
 
 // The raw loads of one lane unit u of a row (COLS columns from u * COLS; zeros beyond the
 // row's units): gate and value e4m3 codes, their dequantization scales (one group, as
@@ -105,16 +102,11 @@ __device__ __forceinline__ float group_max(float a) {
     return a;
 }
 
-// TK_CLAMP_SPLIT (default 1): the row loop is instantiated twice, with and without the clamp,
-// and chosen once per CTA; 0: one instance testing has_clamp per element. With the test inside
-// the loop the sm_90a SASS branches around every element's clamp (16 @!P1 BRA per lane and
-// chunk) and keeps the 16 elements' clamp flags live across the expf/division block.
-#ifndef TK_CLAMP_SPLIT
-#define TK_CLAMP_SPLIT 1
-#endif
 
 // The rows r = blockIdx.x + i * gridDim.x: out, x_grad, x_grad_fp8 and its scales, and the
-// weight_grad entry of each routed row. With TK_CLAMP_SPLIT, CLAMP = p.has_clamp (else p.has_clamp is read per element).
+// weight_grad entry of each routed row. CLAMP = p.has_clamp: the loop is instantiated with and
+// without the clamp and chosen once per CTA (with the test inside the loop the sm_90a SASS
+// branches around every element's clamp and keeps the clamp flags live across the division).
 template <bool CLAMP>
 __device__ __forceinline__ void backward_rows(const Params& p, float (&red)[NWARPS]) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -158,7 +150,7 @@ __device__ __forceinline__ void backward_rows(const Params& p, float (&red)[NWAR
                 xv[e] = X[e];
                 yv[e] = Y[e];
                 fl[e] = tkq::ClampFlags{false, false, false};
-                if (TK_CLAMP_SPLIT ? CLAMP : p.has_clamp != 0) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
+                if (CLAMP) fl[e] = tkq::swiglu_clamp<true>(xv[e], yv[e], p.clamp);
                 t[e] = __fadd_rn(1.0f, expf(-xv[e]));
             }
 #pragma unroll
@@ -221,18 +213,14 @@ __device__ __forceinline__ void backward_rows(const Params& p, float (&red)[NWAR
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, TK_MINB) tk_swiglu_backward_and_per_token_cast(const Params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) tk_swiglu_backward_and_per_token_cast(const Params p) {
     __shared__ float red[NWARPS];  // (warps,) partial weight-gradient sums
     // Zero the weight_grad slots no row owns (token_topk_to_pos == -1).
     for (u64 s = (u64)blockIdx.x * THREADS + threadIdx.x; s < p.tk; s += (u64)gridDim.x * THREADS) {
         const i32 pos = reinterpret_cast<const i32*>(p.ttp)[(s / p.k) * p.ttp_s0 + (s % p.k) * p.ttp_s1];
         if (pos == -1) reinterpret_cast<float*>(p.wg)[s] = 0.0f;
     }
-#if TK_CLAMP_SPLIT
     if (p.has_clamp) backward_rows<true>(p, red);
     else backward_rows<false>(p, red);
-#else
-    backward_rows<false>(p, red);
-#endif
 }
 

@@ -301,9 +301,10 @@ pub use gpu::*;
 /// fp32 sum in the kernel's order (per-thread FMA accumulation, then a tree), within the
 /// spec's `atol = rtol = 1e-4`.
 ///
-/// Kernel: one CTA of 128 threads per row; each thread takes 8-column fragments of the gate
-/// and value halves (8-byte e4m3 and 16-byte bf16 loads) in chunks of 1024 columns, so a
-/// group of `npc` columns is `npc / 8` adjacent lanes (amax by warp shuffles); the row's
+/// Kernel: one CTA of 1–4 warps per row (the most of 4, 3, 2, 1 whose lanes tile the row's
+/// `H / 16` lane units exactly); each thread takes 16 columns of the gate and value halves
+/// (16-byte e4m3 and bf16 loads) per chunk, so a group of `npc` columns is `npc / 16` adjacent
+/// lanes (amax by warp shuffles); the row's
 /// `Σ g·act` is reduced across the CTA. The next chunk's loads are issued before a chunk is
 /// processed, and the two divisions run inline when the fragment's gates allow (the exact fast
 /// path of CUDA's division, see `cuda/fused_io.cuh`). Every CTA also zeroes its share of the
@@ -427,11 +428,31 @@ mod gpu {
     unsafe impl DeviceRepr for BwdArgs {}
 
     /// The kernel specialisation for `npc`, `round_sf` and vector accesses.
-    fn kernel_spec(npc: usize, round_sf: bool, vecio: bool) -> KernelSpec {
+    fn kernel_spec(npc: usize, round_sf: bool, vecio: bool, warps: u32) -> KernelSpec {
         KernelSpec::new(&SOURCE)
             .define("TK_NPC", npc)
             .define("TK_ROUND", round_sf as u8)
             .define("TK_VECIO", vecio as u8)
+            .define("TK_WARPS", warps)
+    }
+
+    /// Columns per lane and chunk (the kernel's `COLS`).
+    const COLS: usize = 16;
+
+    /// Warps per CTA (one row per CTA): of 4, 3, 2, 1 the one that leaves the fewest idle lanes
+    /// over the row's `H / 16` lane units, then one that gives the row at least two chunks (the
+    /// next chunk's loads overlap this one's math), then the most warps. H = 2560 (160 units)
+    /// takes 1 warp and 5 full chunks where 4 warps would leave 3 of 4 lanes idle in the second
+    /// chunk (measured 26-28 % faster); 2048 takes 2, 3072 takes 3, 4096 and 6144 take 4, 7168
+    /// takes 2.
+    fn warps_for(h: usize) -> u32 {
+        let units = h / COLS;
+        let lanes = |w: u32| 32 * w as usize;
+        let idle = |w: u32| units.div_ceil(lanes(w)) * lanes(w) - units;
+        [4, 3, 2, 1]
+            .into_iter()
+            .min_by_key(|&w| (idle(w), units <= lanes(w)))
+            .unwrap_or(4)
     }
 
     /// The specialisations the tests and benchmarks launch.
@@ -439,7 +460,9 @@ mod gpu {
         let mut v = Vec::new();
         for npc in NUM_PER_CHANNELS {
             for round in [false, true] {
-                v.push(kernel_spec(npc, round, true));
+                for warps in 1..=4 {
+                    v.push(kernel_spec(npc, round, true, warps));
+                }
             }
         }
         v
@@ -518,11 +541,15 @@ mod gpu {
         a.wg = outs.weight_grad.address();
         let vecio = all_aligned16(&[a.x, a.ldx, a.g, a.ldg * 2, a.out, a.q, a.xg]);
         let slots = t * k;
-        let ctas = n.max(slots.div_ceil(128)).min(i32::MAX as usize);
+        let warps = warps_for(plan.h);
+        let threads = 32 * warps;
+        let ctas = n
+            .max(slots.div_ceil(threads as usize))
+            .min(i32::MAX as usize);
         if ctas == 0 {
             return Ok(());
         }
-        let f = dev.function(&kernel_spec(npc, params.round_sf, vecio))?;
+        let f = dev.function(&kernel_spec(npc, params.round_sf, vecio, warps))?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&a);
         // SAFETY: x (N, 2H), x_sf (N, 2H/npc), grad_out (N, H) were validated with unit column
@@ -534,7 +561,7 @@ mod gpu {
         unsafe {
             l.launch(LaunchConfig {
                 grid_dim: (ctas as u32, 1, 1),
-                block_dim: (128, 1, 1),
+                block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
