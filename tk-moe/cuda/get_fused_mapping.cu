@@ -339,8 +339,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #define TK_ONE_MAX_E 256  // = THREADS (a macro: the preprocessor does not see constexpr values)
 #if TK_E <= TK_ONE_MAX_E
 static_assert(TK_ONE_MAX_E == THREADS, "one expert per thread in tk_fused_one's scan");
-// Chunk counts a thread loads at once after the grid barrier (knob): 24 covers a thread's
-// whole share (ceil(B / 8) = 17 at B = 132, E = 32) in one L2 round; 8 takes three.
+// Chunk counts a thread loads at once after the grid barrier (knob, a multiple of 4: the counts
+// are read as int4 vectors): 24 covers a thread's whole share (17 rounded up to 20 at B = 132,
+// E = 32) in one L2 round of 5 vector loads.
 #ifndef TK_ONE_CB
 #define TK_ONE_CB 24
 #endif
@@ -373,7 +374,8 @@ __device__ __forceinline__ void grid_barrier_depart(u32* ws) {
     }
 }
 
-// cnt: (B, E) i32 scratch (row b written by block b); ws: the per-stream zeroed workspace
+// cnt: (E, LDB) i32 scratch, LDB = B rounded up to a multiple of 4 (column b written by block
+// b; expert e's chunk counts are contiguous, so a thread reads its share as int4 vectors); ws: the per-stream zeroed workspace
 // (words 0 and 1, left zero); idx: (T, K) i64 row stride ld; ttp: (T, K) i32 contiguous;
 // pos_to_*: (M,) i32; expert_start, expert_end, num_tokens_per_expert: (E,) i32. L (the chunk
 // length) is a multiple of 256.
@@ -402,21 +404,33 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     count_walk(wcnt[warp], vs, idx, ld, wbegin, wend, lane);
     __syncthreads();
-    if (threadIdx.x < TK_E) cnt[b * TK_E + threadIdx.x] = (i32)warp_offsets(wcnt, threadIdx.x);
+    const u64 LDB = (B + 3) & ~3ull;
+    if (threadIdx.x < TK_E) cnt[threadIdx.x * LDB + b] = (i32)warp_offsets(wcnt, threadIdx.x);
     grid_barrier(ws);
-    // Expert e = threadIdx.x / ONE_G: its ONE_G threads share the B chunk counts.
+    // Expert e = threadIdx.x / ONE_G: its ONE_G threads share the B chunk counts, in runs of a
+    // multiple of 4 chunks (whole int4 vectors of cnt's row e).
     const u32 e = threadIdx.x / ONE_G, s = threadIdx.x % ONE_G;
-    const u64 per = (B + ONE_G - 1) / ONE_G, b0 = min(s * per, B), b1 = min(b0 + per, B);
-    i64 total = 0, before = 0;  // this thread's chunks of expert e: all, those before block b
-    constexpr int CB = TK_ONE_CB;  // chunk counts loaded together
-    for (u64 c0 = b0; e < TK_E && c0 < b1; c0 += CB) {
-        i32 c[CB];  // (CB,) counts of chunks c0 ..
+    const u64 per = ((B + ONE_G - 1) / ONE_G + 3) & ~3ull, b0 = min(s * per, B), b1 = min(b0 + per, B);
+    // This thread's chunks of expert e: all, those before block b (32-bit: <= T*K <= INT32_MAX).
+    i32 total = 0, before = 0;
+    constexpr int CV = TK_ONE_CB / 4;  // int4 vectors of chunk counts loaded together
+    static_assert(TK_ONE_CB % 4 == 0, "TK_ONE_CB must be a multiple of 4");
+    const int4* row = reinterpret_cast<const int4*>(cnt + (e < TK_E ? e : 0) * LDB);  // (LDB / 4,) of expert e
+    for (u64 c0 = b0; e < TK_E && c0 < b1; c0 += 4 * CV) {
+        // The CV loads are unconditional (a vector past b1 re-reads the last one and is masked
+        // below), so all of them issue before the first add: one L2 round per 4 * CV counts.
+        int4 v[CV];  // (CV,) counts of chunks c0 .. c0 + 4 CV
 #pragma unroll
-        for (int r = 0; r < CB; ++r) c[r] = c0 + r < b1 ? __ldcg(cnt + (c0 + r) * TK_E + e) : 0;
+        for (int r = 0; r < CV; ++r) v[r] = __ldcg(row + min(c0 / 4 + r, (b1 - 1) / 4));
+        const i32 nv = (i32)(b1 - c0), nb = b > c0 ? (i32)min(b - c0, b1 - c0) : 0;  // valid, before b
 #pragma unroll
-        for (int r = 0; r < CB; ++r) {
-            total += c[r];
-            before += c0 + r < b ? c[r] : 0;
+        for (int r = 0; r < CV; ++r) {
+            const i32 c[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                total += 4 * r + j < nv ? c[j] : 0;
+                before += 4 * r + j < nb ? c[j] : 0;
+            }
         }
     }
 #pragma unroll

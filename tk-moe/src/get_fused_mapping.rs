@@ -348,8 +348,8 @@ mod gpu {
 
     /// [`FusedLaunch::Auto`] takes the one cooperative launch when `E >= 16` or `k <= 2`.
     /// Measured on the H200 at the moe12 shapes (tk-moe PERF.md): with 32 local experts one
-    /// launch is 27–35 % faster than two at every k; with top-2 it is 5–13 % faster at 4 and 9
-    /// experts too; with 4 or 9 experts and k >= 6 it is 0–9 % slower (the grid barrier costs
+    /// launch is 27–34 % faster than two at every k; with top-2 it is 5–13 % faster at 4 and 9
+    /// experts too; with 4 or 9 experts and k >= 6 it is 1–16 % slower (the grid barrier costs
     /// more than the second launch when there is little to scatter), so those keep two launches.
     const ONE_LAUNCH_MIN_E: usize = 16;
     const ONE_LAUNCH_MAX_K: usize = 2;
@@ -588,7 +588,7 @@ mod gpu {
         if per_sm * (dev.props().sm_count as usize) < nb {
             return Ok(false);
         }
-        let mut cnt = dev.alloc::<i32>(&[nb, e])?;
+        let mut cnt = dev.alloc::<i32>(&[e, nb.next_multiple_of(4)])?;
         let ws = zeroed_words(dev, 2)?;
         let (idx, ld) = (topk_idx.address(), row_stride(topk_idx.layout()));
         let (t64, l64, a64, m64) = (t as u64, chunk as u64, shape.alignment as i64, m as u64);
@@ -622,7 +622,7 @@ mod gpu {
             .arg(&ee)
             .arg(&ntpe);
         // SAFETY: block b reads its chunk of topk_idx (flat indices < T·K inside the validated
-        // view), writes cnt[b, 0..E] of the (B, E) scratch and reads all of it after the grid
+        // view), writes column b of the (E, B rounded up to 4) scratch and reads all of it after the grid
         // barrier; the barrier cannot deadlock: the launch is cooperative (the driver refuses it
         // unless all B blocks are resident at once; B <= occupancy × SMs was checked). It writes
         // token_topk_to_pos at its flat indices (the checked contiguous (T, K) output), the
