@@ -490,6 +490,8 @@ mod gpu {
         pub weights: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
+        /// Column tiles of 128 columns per row (`H / 128`; selects the tiled path's run length).
+        pub tiles: usize,
     }
 
     /// The tiled path's shape: rows per team (`TK_RPT`), fragments per lane (`TK_FPL`) and
@@ -525,10 +527,17 @@ mod gpu {
                 }
             } else {
                 let fpl = if self.bf16_in { 2 } else { 1 };
+                // Runs of 4 tiles, or of 5 where 5 divides the row and 4 does not (H = 1280:
+                // 5 + 5 instead of 4 + 4 + 2).
+                let col_tiles = if self.tiles % 4 != 0 && self.tiles % 5 == 0 {
+                    5
+                } else {
+                    4
+                };
                 TiledShape {
                     rpt: 1,
                     fpl,
-                    col_tiles: 4,
+                    col_tiles,
                 }
             }
         }
@@ -597,7 +606,7 @@ mod gpu {
     /// the clamp; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
-        let mut push = |bf16_in, out, sf, clamp, whole_row, weights| {
+        let mut push_tiles = |bf16_in, out, sf, clamp, whole_row, weights, tiles| {
             v.push(
                 FwdKernel {
                     bf16_in,
@@ -607,9 +616,30 @@ mod gpu {
                     clamp,
                     weights,
                     whole_row,
+                    tiles,
                 }
                 .spec(),
             )
+        };
+        // Runs of 5 column tiles (H = 1280): bf16 to e4m3 in layouts A and C.
+        for clamp in [0, 1] {
+            for sf in [
+                (ScaleLayout::RowMajorF32, true),
+                (ScaleLayout::PackedUe8m0, true),
+            ] {
+                push_tiles(
+                    true,
+                    SwigluOutFormat::E4M3,
+                    Some(sf),
+                    clamp,
+                    None,
+                    false,
+                    10,
+                );
+            }
+        }
+        let mut push = |bf16_in, out, sf, clamp, whole_row, weights| {
+            push_tiles(bf16_in, out, sf, clamp, whole_row, weights, 56)
         };
         for bf16_in in [true, false] {
             for clamp in [0, 1] {
@@ -776,6 +806,7 @@ mod gpu {
             } else {
                 None
             },
+            tiles: h / 128,
         };
         if n == 0 {
             return Ok(());
