@@ -433,11 +433,14 @@ mod gpu {
         let vecio = if aligned(8) { 2 } else { aligned(4) as u8 };
         let packed = matches!(x.sf, DeviceScaleView::Packed(_));
         let sms = dev.props().sm_count as usize;
-        // Pass 1: one warp per output block of at least 64 input blocks, else one thread
-        // (the kernel's TEAM); pass 2: one warp per task of 1024 columns of a row (the
-        // kernel's SEG), at most 16 CTAs of 8 warps per SM looping over the tasks.
+        // Pass 1: one warp per output block of at least 64 input blocks or, with packed
+        // input scales, at least 32 input block rows, else one thread (the kernel's TEAM;
+        // a mismatch would only change the grid size); pass 2: one warp per task of 1024
+        // columns of a row (the kernel's SEG), at most 16 CTAs of 8 warps per SM looping
+        // over the tasks.
         let (oh, ow) = params.out_block_size;
-        let team = if (oh / x.block.0) * (ow / x.block.1) >= 64 {
+        let (rh, rw) = (oh / x.block.0, ow / x.block.1);
+        let team = if rh * rw >= 64 || (packed && rh >= 32) {
             32
         } else {
             1
