@@ -254,7 +254,12 @@ __device__ __forceinline__ uint2 requant8(u32 w, u32 lo, u32 hi) {
 // adding 8 d to each nonzero table byte is the exact encoding, bit for bit what
 // enc8(dec4 * 2^d) gives; zeros stay (signed) zeros. For other d (an error is then reported
 // by pass 1 or here) the bytes are unspecified.
-extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
+// At most 32 registers (TK_LL_OCC, default 1): 8 CTAs per SM, the full 64 warps (the host
+// launches one wave of resident CTAs).
+#ifndef TK_LL_OCC
+#define TK_LL_OCC 1
+#endif
+extern "C" __global__ void __launch_bounds__(256, TK_LL_OCC ? 8 : 1) tk_lossless(const Params p) {
     const u32 lane = threadIdx.x % 32;
     bool lost = false;
     for (Tasks t(p.k, (u64)blockIdx.x * WARPS + threadIdx.x / 32, (u64)gridDim.x * WARPS); t.r < p.m; t.next()) {

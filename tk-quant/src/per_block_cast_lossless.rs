@@ -436,8 +436,7 @@ mod gpu {
         // Pass 1: one warp per output block of at least 64 input blocks or, with packed
         // input scales, at least 32 input block rows, else one thread (the kernel's TEAM;
         // a mismatch would only change the grid size); pass 2: one warp per task of 1024
-        // columns of a row (the kernel's SEG), at most 16 CTAs of 8 warps per SM looping
-        // over the tasks.
+        // columns of a row (the kernel's SEG), CTAs of 8 warps looping over the tasks.
         let (oh, ow) = params.out_block_size;
         let (rh, rw) = (oh / x.block.0, ow / x.block.1);
         let team = if rh * rw >= 64 || (packed && rh >= 32) {
@@ -457,11 +456,17 @@ mod gpu {
                 vecio,
             );
             let f = dev.function(&spec)?;
+            // Pass 2: one wave of resident CTAs (each warp loops over its tasks); more CTAs
+            // than fit at once left a partial last wave with most SMs idle.
+            let ctas_per_sm = if pass == 1 {
+                64
+            } else {
+                f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                    .ctx("querying the occupancy of tk_lossless")? as usize
+            };
             let cfg = LaunchConfig {
                 grid_dim: (
-                    threads
-                        .div_ceil(256)
-                        .clamp(1, sms * if pass == 1 { 64 } else { 16 }) as u32,
+                    threads.div_ceil(256).clamp(1, sms * ctas_per_sm.max(1)) as u32,
                     1,
                     1,
                 ),
