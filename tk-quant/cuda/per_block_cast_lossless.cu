@@ -16,6 +16,8 @@
 //   TK_LL_P1     (optional, default 1) pass 1 with constant trip counts (loads issued
 //                together), redux.sync reductions, a warp per column of >= 32 packed input
 //                scales and layout-aware team order; 0: the previous loop.
+//   TK_LL_OCC    (optional, default 1) the integer pass 2 kept at 32 registers (8 CTAs per SM;
+//                the host launches one wave of resident CTAs); 0: no register cap.
 // Errors are OR-ed into *flag with atomicOr (only when one occurs); the host reads it later.
 #include "tk/quant_io.cuh"
 
