@@ -54,23 +54,29 @@ __device__ __forceinline__ u64 in_sf_col(const Params& p, u64 kb) {
 #endif
 }
 
-// E_in of the input scale at byte offset `off`, or 0 when it is not a positive normal power of
-// two.
-__device__ __forceinline__ u32 in_exponent_at(const Params& p, u64 off) {
+// The input scale at byte offset `off`: its fp32 bits or its UE8M0 byte.
+__device__ __forceinline__ u32 in_scale_bits(const Params& p, u64 off) {
     const u8* sf = reinterpret_cast<const u8*>(p.x_sf);  // input scales as bytes
 #if TK_IN_SF == 0
-    const u32 bits = __ldg(reinterpret_cast<const u32*>(sf + off));
+    return __ldg(reinterpret_cast<const u32*>(sf + off));
+#else
+    return __ldg(sf + off);
+#endif
+}
+
+// E_in of an input scale (in_scale_bits), or 0 when it is not a positive normal power of two.
+__device__ __forceinline__ u32 in_exponent_of(u32 bits) {
+#if TK_IN_SF == 0
     const u32 e = bits >> 23;
     return ((bits & 0x807FFFFFu) == 0 && e >= 1 && e <= 254) ? e : 0;
 #else
-    const u32 e = __ldg(sf + off);
-    return e <= 254 ? e : 0;
+    return bits <= 254 ? bits : 0;
 #endif
 }
 
 // E_in of input block (mb, kb).
 __device__ __forceinline__ u32 in_exponent(const Params& p, u64 mb, u64 kb) {
-    return in_exponent_at(p, in_sf_row(p, mb) + in_sf_col(p, kb));
+    return in_exponent_of(in_scale_bits(p, in_sf_row(p, mb) + in_sf_col(p, kb)));
 }
 
 // Byte offset (layout C) or element index (A, B) of output scale (mo, ko) =
@@ -269,22 +275,24 @@ extern "C" __global__ void __launch_bounds__(256, TK_LL_OCC ? 8 : 1) tk_lossless
         const u8* xrow = reinterpret_cast<const u8*>(p.x) + r * p.ldx;  // (K/2,) packed e2m1 of row r
         u8* orow = reinterpret_cast<u8*>(p.out) + r * p.k;              // (K,) e4m3 of row r
         const u64 in_row = in_sf_row(p, r / TK_IH), out_row = out_sf_row(p, r / TK_OH);
-        uint2 raw[J];  // (J, 16 nibbles) of row r
-        int d[J];      // E_in - E_out of each fragment
+        uint2 raw[J];   // (J, 16 nibbles) of row r
+        u32 si[J], eo[J];  // input scale bits, E_out of each fragment
+        // Loads only (no use before the second loop): all of them are in flight at once.
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const u64 c = c_task + j * 32 * FW + lane * FW;
             if (c >= p.k) continue;
             raw[j] = __ldg(reinterpret_cast<const uint2*>(xrow + c / 2));
-            const u32 eo = out_exponent_at(p, out_row + out_sf_col(p, c / TK_OW));
-            d[j] = (int)in_exponent_at(p, in_row + in_sf_col(p, c / TK_IW)) - (int)eo;
-            lost |= eo == 0 && ((raw[j].x | raw[j].y) & 0x77777777u) != 0;  // a nonzero magnitude
+            eo[j] = out_exponent_at(p, out_row + out_sf_col(p, c / TK_OW));
+            si[j] = in_scale_bits(p, in_row + in_sf_col(p, c / TK_IW));
         }
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const u64 c = c_task + j * 32 * FW + lane * FW;
             if (c >= p.k) continue;
-            const u32 lo = LUT_LO + (u32)d[j] * 0x08080800u, hi = LUT_HI + (u32)d[j] * 0x08080808u;
+            lost |= eo[j] == 0 && ((raw[j].x | raw[j].y) & 0x77777777u) != 0;  // a nonzero magnitude
+            const u32 d = in_exponent_of(si[j]) - eo[j];  // E_in - E_out (two's complement)
+            const u32 lo = LUT_LO + d * 0x08080800u, hi = LUT_HI + d * 0x08080808u;
             const uint2 a = requant8(raw[j].x, lo, hi), b = requant8(raw[j].y, lo, hi);
             *reinterpret_cast<uint4*>(orow + c) = make_uint4(a.x, a.y, b.x, b.y);  // (16,) e4m3
         }
