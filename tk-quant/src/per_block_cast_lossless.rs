@@ -237,8 +237,7 @@ mod gpu {
         needs_cuda_headers: true,
     };
 
-    /// The columns of a row one warp of pass 2 handles (`SEG` = 4 fragments × 32 lanes × 8
-    /// values in the kernel).
+    /// The columns of a row one warp of pass 2 handles per task (the kernel's `SEG`).
     const PASS2_TASK_COLUMNS: usize = 1024;
 
     /// The kernel arguments, field for field `Params` in `cuda/per_block_cast_lossless.cu`.
@@ -309,14 +308,16 @@ mod gpu {
         }
     }
 
-    /// The specialisation of `pass` (1 or 2) for the blocks, scale kinds and vector access.
+    /// The specialisation of `pass` (1 or 2) for the blocks, scale kinds and vector access
+    /// (`vecio`: 0 byte accesses, 1 FP4 rows 4-byte and FP8 rows 8-byte aligned, 2 FP4 rows
+    /// 8-byte and FP8 rows 16-byte aligned: the integer path of pass 2).
     fn kernel_spec(
         pass: u8,
         packed_in: bool,
         in_block: (usize, usize),
         out_block: (usize, usize),
         out_layout: ScaleLayout,
-        vecio: bool,
+        vecio: u8,
     ) -> KernelSpec {
         KernelSpec::new(&SOURCE)
             .define("TK_PASS", pass)
@@ -334,7 +335,7 @@ mod gpu {
                     ScaleLayout::PackedUe8m0 => 2,
                 },
             )
-            .define("TK_VECIO", vecio as u8)
+            .define("TK_VECIO", vecio)
     }
 
     /// The specialisations of the spec's benchmark grid (for compile checks and prewarm).
@@ -346,7 +347,7 @@ mod gpu {
         ] {
             for out_block in [(1, 128), (32, 32), (128, 128)] {
                 for pass in [1, 2] {
-                    v.push(kernel_spec(pass, packed, (1, 32), out_block, layout, true));
+                    v.push(kernel_spec(pass, packed, (1, 32), out_block, layout, 2));
                 }
             }
         }
@@ -426,16 +427,19 @@ mod gpu {
             nbk: plan.output.grid.nbk() as u64,
             rows_aligned: plan.output.grid.rows_aligned() as u64,
         };
-        // Pass 2 loads 4 bytes of FP4 and stores 8 of FP8 per fragment; K % 32 == 0 keeps the
-        // rows aligned when the bases and the row stride are.
-        let vecio = args.x % 4 == 0 && args.ldx % 4 == 0 && args.out % 8 == 0;
+        // Pass 2 loads 8 (or 4) bytes of FP4 and stores 16 (or 8) of FP8 per fragment;
+        // K % 32 == 0 keeps the rows aligned when the bases and the row stride are.
+        let aligned = |a: u64| args.x % a == 0 && args.ldx % a == 0 && args.out % (2 * a) == 0;
+        let vecio = if aligned(8) { 2 } else { aligned(4) as u8 };
         let packed = matches!(x.sf, DeviceScaleView::Packed(_));
         let sms = dev.props().sm_count as usize;
-        // Pass 1: one warp per output block of at least 64 input blocks, else one thread
-        // (the kernel's TEAM); pass 2: one warp per task of 1024 columns of a row (the
-        // kernel's SEG), at most 16 CTAs of 8 warps per SM looping over the tasks.
+        // Pass 1: one warp per output block of at least 64 input blocks or, with packed
+        // input scales, at least 32 input block rows, else one thread (the kernel's TEAM;
+        // a mismatch would only change the grid size); pass 2: one warp per task of 1024
+        // columns of a row (the kernel's SEG), CTAs of 8 warps looping over the tasks.
         let (oh, ow) = params.out_block_size;
-        let team = if (oh / x.block.0) * (ow / x.block.1) >= 64 {
+        let (rh, rw) = (oh / x.block.0, ow / x.block.1);
+        let team = if rh * rw >= 64 || (packed && rh >= 32) {
             32
         } else {
             1
@@ -452,11 +456,17 @@ mod gpu {
                 vecio,
             );
             let f = dev.function(&spec)?;
+            // Pass 2: one wave of resident CTAs (each warp loops over its tasks); more CTAs
+            // than fit at once left a partial last wave with most SMs idle.
+            let ctas_per_sm = if pass == 1 {
+                64
+            } else {
+                f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                    .ctx("querying the occupancy of tk_lossless")? as usize
+            };
             let cfg = LaunchConfig {
                 grid_dim: (
-                    threads
-                        .div_ceil(256)
-                        .clamp(1, sms * if pass == 1 { 64 } else { 16 }) as u32,
+                    threads.div_ceil(256).clamp(1, sms * ctas_per_sm.max(1)) as u32,
                     1,
                     1,
                 ),

@@ -1203,6 +1203,49 @@ fn gpu_per_block_cast_lossless_errors() {
     tk_quant::per_block_cast_lossless(&dq.input((1, 32)), &params).unwrap();
 }
 
+/// The lossless cast from row-strided FP4 data: rows 8-byte aligned (pass 2's integer path),
+/// 4-byte aligned (its fp32 path with vector accesses) and starting at an odd byte (byte
+/// accesses), against the reference of the contiguous data.
+#[test]
+fn gpu_per_block_cast_lossless_strided() {
+    let Some(dev) = gpu_or_skip("gpu_per_block_cast_lossless_strided") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for (m, k) in [(3, 96), (37, 4160)] {
+        for ob in [(1, 128), (32, 32)] {
+            for (pad, off) in [(16, 0), (4, 0), (5, 1)] {
+                cases.push((m, k, ob, pad, off));
+            }
+        }
+    }
+    par_cases(&cases, |&(m, k, ob, pad, off)| {
+        let dev = dev.with_new_stream().unwrap();
+        let name = format!("lossless strided M={m} K={k} {ob:?} pad={pad} off={off}");
+        let mut rng = Rng::for_case(&name);
+        let u = rng.below(237) as i32 - 110;
+        let x = op_common::rand_float(&mut rng, m, k, u);
+        let opts = ScaleOptions::packed_ue8m0();
+        let (q, s) = reference::cast(&x.view().into(), CastFormat::E2M1, (1, 32), opts).unwrap();
+        let hin = QuantInput::new(q.view(), s.view(), (1, 32));
+        let params = LosslessCastParams::new(ob, opts);
+        let (rd, rs) = reference::per_block_cast_lossless(&hin, &params).unwrap();
+        let QuantData::E2M1(t) = &q else {
+            unreachable!("an e2m1 cast gives e2m1 data")
+        };
+        let (d, l) = upload_row_strided(&dev, t, pad, off);
+        let sf = DevQuant::upload_scales(&dev, &s);
+        let data = DeviceQuantDataView::E2M1(d.view().with_layout(l).unwrap());
+        let din = DeviceQuantInput::new(data, sf.view(&s), (1, 32));
+        let (mut od, mut os) = poisoned(&dev, CastFormat::E4M3, m, k, rs.layout(), rs.grid());
+        let status = LosslessStatus::new(&dev).unwrap();
+        tk_quant::per_block_cast_lossless_into(&din, &params, &mut od.view_mut(), &mut os, &status)
+            .unwrap();
+        status.check().unwrap();
+        check(&name, Some(&od), Some(&os), Some(&rd), Some(&rs));
+    });
+}
+
 /// Per-token tiles of plain input hold two adjacent fragments per lane (16 bf16 / 8 fp32
 /// columns) over 16-row tiles: rows ending in the first fragment of a lane (K ≡ 8 mod 16 for
 /// bf16, K ≡ 4 mod 8 for fp32), row counts not a multiple of 16, groups of one lane pair
