@@ -173,10 +173,9 @@ fn bench_small_ops(b: &mut Bench, c: &Case) -> Result<()> {
     )?;
     let cap = max_fused_rows(t, k, e, 128).unwrap_or(m);
     let mut maps = DeviceFusedMapping::alloc(&dev, t, k, e, cap)?;
-    // Capacity: the default (Auto), and each of the two kernel choices (A/B).
+    // Capacity: one cooperative launch (the default for E <= 256), and the two launches (A/B).
     for (tag, launch) in [
         ("capacity", FusedLaunch::Auto),
-        ("capacity one-launch", FusedLaunch::OneLaunch),
         ("capacity two-launch", FusedLaunch::TwoLaunches),
     ] {
         b.run(

@@ -279,10 +279,8 @@ pub use gpu::*;
 /// The GPU op (feature `cuda`).
 ///
 /// **Kernels** (`cuda/get_fused_mapping.cu`), deterministic (positions come from prefix sums of
-/// exact counts, never from the order of atomics). With [`FusedRows::Capacity`] and
-/// `E <= 256` and `E >= 16` or `k <= 2` ([`FusedLaunch::Auto`]; fewer experts with more slots
-/// measured faster with two launches):
-/// **one cooperative launch** (`tk_fused_one`) of about one block per
+/// exact counts, never from the order of atomics). With [`FusedRows::Capacity`] and `E <= 256`
+/// ([`FusedLaunch::Auto`]): **one cooperative launch** (`tk_fused_one`) of about one block per
 /// SM, all co-resident (checked with the occupancy API; else the two launches below): each block
 /// counts its chunk per warp (walk 1 of the scatter, entries kept in registers), publishes its
 /// per-expert counts, waits at a grid barrier (a ticket in the per-stream workspace, zeroed
@@ -346,39 +344,17 @@ mod gpu {
     /// The largest `E` of the one-launch kernel (one expert per thread in its scan).
     const ONE_LAUNCH_MAX_E: usize = THREADS as usize;
 
-    /// [`FusedLaunch::Auto`] takes the one cooperative launch when `E >= 16` or `k <= 2`.
-    /// Measured on the H200 at the moe12 shapes (tk-moe PERF.md): with 32 local experts one
-    /// launch is 27–34 % faster than two at every k; with top-2 it is 5–13 % faster at 4 and 9
-    /// experts too; with 4 or 9 experts and k >= 6 it is 1–16 % slower (the grid barrier costs
-    /// more than the second launch when there is little to scatter), so those keep two launches.
-    const ONE_LAUNCH_MIN_E: usize = 16;
-    const ONE_LAUNCH_MAX_K: usize = 2;
-
     /// How the graph-safe GPU op ([`FusedRows::Capacity`]) launches its kernels.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub enum FusedLaunch {
-        /// [`FusedLaunch::OneLaunch`] when `16 <= E` or `k <= 2`, else
-        /// [`FusedLaunch::TwoLaunches`] (whichever measured faster).
+        /// One cooperative launch when `E <= 256` and the grid fits the GPU at once, else
+        /// [`FusedLaunch::TwoLaunches`]. Measured on the H200 at the 12 moe12 configurations
+        /// (tk-moe PERF.md): 9-40 % faster than two launches in 11, 8 % slower at k = 9 with 4
+        /// local experts.
         #[default]
         Auto,
-        /// One cooperative launch when `E <= 256` and the grid fits the GPU at once, else
-        /// [`FusedLaunch::TwoLaunches`].
-        OneLaunch,
         /// Count-and-scan, then scatter (the host-sync mode always launches these two).
         TwoLaunches,
-    }
-
-    impl FusedLaunch {
-        /// Whether to try the one cooperative launch for `num_topk` slots and `num_experts`.
-        fn try_one(self, num_topk: usize, num_experts: usize) -> bool {
-            match self {
-                FusedLaunch::Auto => {
-                    num_experts >= ONE_LAUNCH_MIN_E || num_topk <= ONE_LAUNCH_MAX_K
-                }
-                FusedLaunch::OneLaunch => true,
-                FusedLaunch::TwoLaunches => false,
-            }
-        }
     }
 
     /// Threads per block of `tk_fused_count_scan` (the kernel's `SCAN_THREADS`).
@@ -464,7 +440,7 @@ mod gpu {
         };
         let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows.unwrap_or(0))?;
         if let Some(m) = rows {
-            if FusedLaunch::Auto.try_one(k, e) && one_launch(topk_idx, &shape, m, &mut out)? {
+            if one_launch(topk_idx, &shape, m, &mut out)? {
                 return Ok(out);
             }
         }
@@ -531,9 +507,7 @@ mod gpu {
             ));
         }
         check_outputs(topk_idx.device(), &shape, m, out)?;
-        if launch.try_one(shape.num_topk, shape.num_experts)
-            && one_launch(topk_idx, &shape, m, out)?
-        {
+        if launch == FusedLaunch::Auto && one_launch(topk_idx, &shape, m, out)? {
             return Ok(());
         }
         let scratch = count_and_scan(topk_idx, &shape, out)?;

@@ -694,16 +694,12 @@ fn check_mapping_gpu(dev: &Device, what: &str, idx: &HostTensor<i64>, e: usize, 
         .unwrap();
     check_mapping(what, &clean.view(), e, a, m, &got);
     assert_eq!(got, expected, "{what}: host sync");
-    // Graph-safe, with spare capacity, into poisoned outputs: the default choice, the one
-    // cooperative launch (E <= 256) and the two launches.
+    // Graph-safe, with spare capacity, into poisoned outputs: the one cooperative launch
+    // (E <= 256) and the two launches.
     let cap = m + 37;
     let want = reference::get_fused_mapping(&clean.view(), &GetFusedMappingParams::new(e, a, cap))
         .unwrap();
-    for launch in [
-        tk_moe::FusedLaunch::Auto,
-        tk_moe::FusedLaunch::OneLaunch,
-        tk_moe::FusedLaunch::TwoLaunches,
-    ] {
+    for launch in [tk_moe::FusedLaunch::Auto, tk_moe::FusedLaunch::TwoLaunches] {
         let mut out = tk_moe::DeviceFusedMapping::alloc(dev, t, k, e, cap).unwrap();
         for x in [
             &mut out.pos_to_expert,
