@@ -449,6 +449,26 @@ impl<T: Element> DeviceTensor<T> {
         }
     }
 
+    /// Shrinks dimension 0 to its first `len` entries in place: no copy, the buffer keeps its
+    /// size (ops that size an output only after a kernel ran allocate an upper bound, then trim
+    /// it). The tensor stays contiguous.
+    ///
+    /// Errors: [`TkError::Param`] naming `len` for a 0-D tensor or `len` above dimension 0.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        let mut shape = self.layout.shape().to_vec();
+        match shape.first_mut() {
+            Some(d0) if len <= *d0 => *d0 = len,
+            _ => {
+                return Err(TkError::param(
+                    "len",
+                    format!("cannot truncate dimension 0 of shape {shape:?} to {len}"),
+                ))
+            }
+        }
+        self.layout = Layout::contiguous(&shape);
+        Ok(())
+    }
+
     /// Fills every byte of the backing buffer with `byte` (tests poison outputs with it).
     pub fn fill_bytes(&mut self, byte: u8) -> Result<()> {
         let dev = self.dev.clone();

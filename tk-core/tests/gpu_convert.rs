@@ -158,3 +158,24 @@ fn gpu_conversions_match_cpu_bit_for_bit() {
     );
     println!("GPU conversions of {n} fp32 patterns match tk_core::convert bit for bit");
 }
+
+/// `DeviceTensor::truncate` keeps the first rows in place (no copy) and rejects growing.
+#[test]
+fn gpu_device_tensor_truncate() {
+    let Some(dev) = gpu_or_skip("gpu_device_tensor_truncate") else {
+        return;
+    };
+    let data: Vec<i32> = (0..5 * 3).map(|i| i * 7 - 20).collect();
+    let mut x = dev
+        .upload(&HostTensor::from_vec(data.clone(), &[5, 3]).unwrap())
+        .unwrap();
+    x.truncate(2).unwrap();
+    assert_eq!(x.shape(), &[2, 3]);
+    assert_eq!(x.to_host().unwrap().as_slice(), &data[..6]);
+    x.truncate(0).unwrap();
+    assert_eq!(x.to_host().unwrap().as_slice(), &[] as &[i32]);
+    match x.truncate(1) {
+        Err(tk_core::TkError::Param { arg, .. }) => assert_eq!(arg, "len"),
+        other => panic!("expected a Param error naming len, got {other:?}"),
+    }
+}

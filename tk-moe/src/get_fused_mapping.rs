@@ -306,8 +306,12 @@ pub use gpu::*;
 /// it in a CUDA graph, call [`crate::prewarm`] (or the op once) on the stream: the first call on
 /// a stream allocates and zero-fills the stream's small workspace (its ticket counter), which
 /// is not capturable.
-/// [`FusedRows::HostSync`] (opt-in) reads `expert_end[E-1]` back after the first launch (**a host
-/// synchronisation**) and scatters into maps of exactly `Σ_e A_e` rows (no trimming copies).
+/// [`FusedRows::HostSync`] (opt-in; **a host synchronisation**): with `E <= 256` the one
+/// cooperative launch into row maps of [`max_fused_rows`] rows (the upper bound of `Σ_e A_e`),
+/// then `expert_end[E-1]` is read back and the three row maps are trimmed in place to exactly
+/// `Σ_e A_e` rows (no copy; their buffers keep the upper bound's size). Otherwise it reads
+/// `expert_end[E-1]` back after the first of the two launches and scatters into maps of
+/// exactly `Σ_e A_e` rows.
 ///
 /// **Index contract on the GPU**: an entry that is not `-1` or in `0..E` is read as `-1` (not
 /// counted, `token_topk_to_pos = -1`); nothing is read or written out of bounds. Values of the
@@ -319,7 +323,7 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{Device, DeviceTensor, DeviceView, KernelSource, KernelSpec, Result, TkError};
 
-    use super::{FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams};
+    use super::{max_fused_rows, FusedMappingShape, FusedMaps, FusedRows, GetFusedMappingParams};
     use crate::gpu::{check_device, check_out, config, flat_entries, row_stride, HEADERS, THREADS};
     use crate::workspace::zeroed_words;
 
@@ -438,9 +442,26 @@ mod gpu {
             FusedRows::Capacity(m) => Some(m),
             FusedRows::HostSync => None,
         };
-        let mut out = DeviceFusedMapping::alloc(dev, t, k, e, rows.unwrap_or(0))?;
-        if let Some(m) = rows {
-            if one_launch(topk_idx, &shape, m, &mut out)? {
+        // Rows of the one cooperative launch: the capacity, or for the host sync the upper bound
+        // of `Σ_e A_e` (the maps are trimmed to the layout's end afterwards, without a copy).
+        let one_rows = rows.or_else(|| {
+            max_fused_rows(t, k, e, shape.alignment).filter(|&c| c < i32::MAX as usize)
+        });
+        let mut out = DeviceFusedMapping::alloc(dev, t, k, e, one_rows.unwrap_or(0))?;
+        if let Some(cap) = one_rows {
+            if one_launch(topk_idx, &shape, cap, &mut out)? {
+                if rows.is_none() {
+                    // The opt-in host sync: read the layout's end (<= cap), trim the row maps.
+                    let end = out.expert_end.view().narrow(0, e - 1, 1)?;
+                    let m = dev.download(&end)?.as_slice()[0].clamp(0, cap as i32) as usize;
+                    for x in [
+                        &mut out.pos_to_expert,
+                        &mut out.pos_to_token,
+                        &mut out.pos_to_token_topk,
+                    ] {
+                        x.truncate(m)?;
+                    }
+                }
                 return Ok(out);
             }
         }
