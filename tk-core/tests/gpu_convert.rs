@@ -1,6 +1,7 @@
 //! The CPU conversions of `tk_core::convert` against CUDA's own intrinsics on the GPU, bit for
 //! bit, over ~1M fp32 bit patterns spread over all 2^32 plus every tie and boundary case of
-//! the narrow formats. Skips (printing why) without a GPU; fails with `TK_REQUIRE_GPU=1`.
+//! the narrow formats; and `DeviceTensor::truncate` on device memory. Skips (printing why)
+//! without a GPU; fails with `TK_REQUIRE_GPU=1`.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use tk_core::convert::{
