@@ -293,6 +293,35 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 #ifndef TK_MINB
 #error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
 #endif
+
+// TK_SF_WORD (default 1; 0 for the A/B comparison): per-token scales in layout C go out as whole
+// int32 words when a tile row spans a multiple of 4 blocks (it then starts at a multiple of 4:
+// each word of layout C lies in one warp). store_sf's byte path costs the warp ~35 issued
+// instructions per row (64-bit address math, the padding checks; divergent: 32 / LK lanes
+// store) and one byte store per block; here two shuffles gather the 4 exponent bytes and one
+// lane in 4 * LK stores the word.
+#ifndef TK_SF_WORD
+#define TK_SF_WORD 1
+#endif
+constexpr bool SF_WORDS = TK_SF_WORD && TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && (TKC / TK_BK) % 4 == 0;
+
+#if TK_MODE != 2
+// Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
+// whole warp, uniformly): lanes lx, lx + LK, lx + 2 LK, lx + 3 LK hold the blocks of one int32
+// of layout C (storage (ceil(nbk/4), ra)); lane lx % (4 LK) == 0 writes it, with zero bytes for
+// blocks >= nbk (the column padding; their lanes have c0 >= K) and, for the last row, zero words
+// in rows nbm..ra (the row padding), as store_scale<2> does byte by byte.
+__device__ __forceinline__ void store_sf_word(const Params& p, u64 r, u64 c0, u32 lx, bool row_ok, float sf) {
+    u32 w = c0 < p.k ? __float_as_uint(sf) >> 23 : 0u;  // this lane's UE8M0 byte (sf > 0)
+    w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;       // bytes of blocks kb, kb + 1
+    w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // bytes of blocks kb .. kb + 3
+    if (!row_ok || lx % (4 * LK) != 0) return;
+    u32* s = reinterpret_cast<u32*>(p.sf) + c0 / (4 * TK_BK) * p.rows_aligned;  // (ra,) words of block column kb / 4
+    s[r] = w;
+    if (r + 1 == p.nbm)
+        for (u64 r2 = p.nbm; r2 < p.rows_aligned; ++r2) s[r2] = 0;
+}
+#endif
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
@@ -342,8 +371,12 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
                 float sf, inv;
                 compute_scale(a, sf, inv);
-                const u64 kb = c0 / TK_BK;
-                if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
+                if constexpr (SF_WORDS) {
+                    store_sf_word(p, r0 + i, c0, lx, row_ok, sf);
+                } else {
+                    const u64 kb = c0 / TK_BK;
+                    if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
+                }
 #if TK_MODE == 0
                 float iv[VEC];  // (VEC,) inverse scale of row r0 + i
 #pragma unroll
