@@ -295,33 +295,43 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 #endif
 
 // TK_SF_WORD (default 1; 0 for the A/B comparison): per-token scales in layout C go out as whole
-// int32 words when a tile row spans a multiple of 4 blocks (it then starts at a multiple of 4:
-// each word of layout C lies in one warp). store_sf's byte path costs the warp ~35 issued
-// instructions per row (64-bit address math, the padding checks; divergent: 32 / LK lanes
-// store) and one byte store per block; here two shuffles gather the 4 exponent bytes and one
-// lane in 4 * LK stores the word.
+// int32 words, or halves of them, when a tile row spans SF_G = 4 (or 2) or more blocks (it then
+// starts at a multiple of SF_G blocks: each group of SF_G bytes of layout C lies in one warp).
+// store_sf's byte path costs the warp ~35 issued instructions per row (64-bit address math, the
+// padding checks; divergent: 32 / LK lanes store) and one byte store per block; here one or two
+// shuffles gather the SF_G exponent bytes and one lane in SF_G * LK stores them.
 #ifndef TK_SF_WORD
 #define TK_SF_WORD 1
 #endif
-constexpr bool SF_WORDS = TK_SF_WORD && TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && (TKC / TK_BK) % 4 == 0;
+constexpr int SF_G = TKC / TK_BK >= 4 ? 4 : TKC / TK_BK;  // blocks per scale store
+constexpr bool SF_WORDS = TK_SF_WORD && TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
 
 #if TK_MODE != 2
 // Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
-// whole warp, uniformly): lanes lx, lx + LK, lx + 2 LK, lx + 3 LK hold the blocks of one int32
-// of layout C (storage (ceil(nbk/4), ra)); lane lx % (4 LK) == 0 writes it, with zero bytes for
-// blocks >= nbk (the column padding; their lanes have c0 >= K) and, for the last row, zero words
-// in rows nbm..ra (the row padding), as store_scale<2> does byte by byte.
+// whole warp, uniformly). Lanes lx, lx + LK (, lx + 2 LK, lx + 3 LK) hold the SF_G blocks
+// kb.. of one store of layout C (storage (ceil(nbk/4), ra) int32 as bytes); lane lx % (SF_G LK)
+// == 0 writes them, with zero bytes for blocks >= nbk (their lanes have c0 >= K). A pair in the
+// low half of a word whose high half holds only blocks >= nbk (no other writer) writes the whole
+// word, zeros above: the column padding. The last row also writes zeros in rows nbm..ra (the row
+// padding). The same bytes as store_scale<2>.
 __device__ __forceinline__ void store_sf_word(const Params& p, u64 r, u64 c0, u32 lx, bool row_ok, float sf) {
     u32 w = c0 < p.k ? __float_as_uint(sf) >> 23 : 0u;  // this lane's UE8M0 byte (sf > 0)
-    w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;       // bytes of blocks kb, kb + 1
-    w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // bytes of blocks kb .. kb + 3
-    if (!row_ok || lx % (4 * LK) != 0) return;
-    u32* s = reinterpret_cast<u32*>(p.sf) + c0 / (4 * TK_BK) * p.rows_aligned;  // (ra,) words of block column kb / 4
-    s[r] = w;
+    w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;     // bytes of blocks kb, kb + 1
+    if constexpr (SF_G == 4) w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // kb .. kb + 3
+    if (!row_ok || lx % (SF_G * LK) != 0) return;
+    const u64 kb = c0 / TK_BK;
+    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * (kb / 4) * p.rows_aligned;  // (ra, 4) bytes of word column kb / 4
+    const bool whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= p.nbk);
+    const auto put = [&](u64 row, u32 v) {
+        if (whole) *reinterpret_cast<u32*>(s + 4 * row) = v;
+        else *reinterpret_cast<u16*>(s + 4 * row + kb % 4) = (u16)v;
+    };
+    put(r, w);
     if (r + 1 == p.nbm)
-        for (u64 r2 = p.nbm; r2 < p.rows_aligned; ++r2) s[r2] = 0;
+        for (u64 r2 = p.nbm; r2 < p.rows_aligned; ++r2) put(r2, 0u);
 }
 #endif
+
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
