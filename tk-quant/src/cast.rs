@@ -166,6 +166,18 @@ pub(crate) struct CastKernel {
     pub vecio: bool,
     /// Whole-row path: `(threads, fragments per thread)`.
     pub whole_row: Option<(usize, usize)>,
+    /// `TK_IDX32`: every row, column, row stride and scale-grid extent of the call is below
+    /// 2^31, so the kernel may index in 32 bits ([`fits_idx32`]).
+    pub idx32: bool,
+}
+
+/// Whether the call's `M`, `K`, input row stride and scale grid (with its padded rows) all lie
+/// below 2^31: then the kernel's row and column indices, tile indices and their sums fit in 32
+/// bits (`TK_IDX32`; address products stay 64-bit).
+fn fits_idx32(a: &CastArgs) -> bool {
+    [a.m, a.k, a.ldx, a.nbm, a.nbk, a.rows_aligned]
+        .iter()
+        .all(|&v| v < 1 << 31)
 }
 
 /// `TK_MINB` of the tiled path for quantized input (A/B knob: 2 is the previous value). The
@@ -224,7 +236,8 @@ impl CastKernel {
                     CastMode::PrecomputedSf => 2,
                 },
             )
-            .define("TK_VECIO", self.vecio as u8);
+            .define("TK_VECIO", self.vecio as u8)
+            .define("TK_IDX32", self.idx32 as u8);
         let s = match self.input {
             InputKind::Quantized {
                 packed_sf, block, ..
@@ -326,6 +339,7 @@ impl CastKernel {
             mode,
             vecio,
             whole_row: None,
+            idx32: false,
         };
         if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) && target != Target::E5M6 {
             return Ok(kernel);
@@ -438,6 +452,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                         mode: CastMode::Cast,
                         vecio: true,
                         whole_row: None,
+                        idx32: true,
                     }
                     .spec(),
                 );
@@ -456,6 +471,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     mode: CastMode::Cast,
                     vecio: true,
                     whole_row: Some((256, 4)),
+                    idx32: true,
                 }
                 .spec(),
             );
@@ -631,6 +647,10 @@ fn enqueue(dev: &Device, kernel: &CastKernel, plan: &CastPlan, args: &CastArgs) 
     if plan.m == 0 {
         return Ok(());
     }
+    let kernel = &CastKernel {
+        idx32: fits_idx32(args),
+        ..*kernel
+    };
     let f = dev.function(&kernel.spec())?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(args);
