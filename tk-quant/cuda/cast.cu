@@ -73,11 +73,6 @@ using ix = u64;
 using tkq::bf16x2_max;  // lane-wise max of two bf16 pairs (a NaN lane gives the other lane)
 #endif
 
-// TK_E2M1_DEC (default 1; 0 for the A/B comparison): e2m1 input decoded by tkq::e2m1_value.
-#ifndef TK_E2M1_DEC
-#define TK_E2M1_DEC 1
-#endif
-
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
 // Columns >= K give 0.
 __device__ __forceinline__ void values(const Params& p, const Raw& raw, ix r, ix c0, float (&v)[VEC]) {
@@ -91,7 +86,7 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, ix r, ix
         v[j] = f.x;
         v[j + 1] = f.y;
     }
-#elif TK_IN == 3 && TK_E2M1_DEC
+#elif TK_IN == 3
     // e2m1: tkq::e2m1_value (subnormal placement + one exact FMUL, ~5 instructions per code
     // instead of decode_elem's ~10 compares, selects and shifts; bit-identical).
 #pragma unroll
@@ -134,16 +129,13 @@ __device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, ix r
 #endif
 }
 
-// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4). TK_RSF_NODIV
-// 1: power-of-two scales from the exponent bits (tkq::scale_pair_pow2) instead of an IEEE
-// division per block. Default: on except for per-channel blocks (TK_BK 1), where the H200
-// measured it 7 % slower (8064x7168 bf16 -> e4m3 npt=128 round: 50.0-50.5 us against 46.7;
+// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4). Power-of-two
+// scales come from the exponent bits (tkq::scale_pair_pow2) instead of an IEEE division per
+// block, except for per-channel blocks (TK_BK 1), where the H200 measured the division-free
+// form 7 % slower (8064x7168 bf16 -> e4m3 npt=128 round: 50.0-50.5 us against 46.7-46.9;
 // per-token bf16 -> e4m3 npc=128 49.3-49.7 against 50.3-50.6, E5M6 bf16 1.5 % faster).
-#ifndef TK_RSF_NODIV
-#define TK_RSF_NODIV (TK_BK != 1)
-#endif
 __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
-#if TK_ROUND && TK_RSF_NODIV
+#if TK_ROUND && TK_BK != 1
     tkq::scale_pair_pow2(amax, TK_EPS, TK_Q, sf, inv);
 #else
     tkq::scale_pair<TK_ROUND != 0>(amax, TK_EPS, TK_Q, sf, inv);
@@ -236,22 +228,13 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
 #endif
 }
 
-// TK_E2M1_BF16X2 (default 1; 0 for the A/B comparison): bf16 -> e2m1 casts with power-of-two
-// scales encode on packed bf16 pairs (tkq::e2m1_pack_bf16_pow2, ~7 instead of ~13 instructions
-// per value with the decode and the fp32 product), bit-identical to store_frag. Fragments whose
-// inverse scales exceed 2^120 (blocks with amax below ~6 * 2^-120, or an infinite amax) take
-// store_frag: then a subnormal bf16 input could be significant after the product, and the
-// encoder must not depend on whether the bf16 multiply flushes subnormal inputs.
-#ifndef TK_E2M1_BF16X2
-#define TK_E2M1_BF16X2 1
-#endif
-// TK_E2M1_ABS (default 1; 0 for the A/B comparison): the packed encoder rounds magnitudes and
-// takes the signs from min(y, 6) (tkq::e2m1_pack_bf16_pow2_abs, bit-identical, one instruction
-// per pair fewer).
-#ifndef TK_E2M1_ABS
-#define TK_E2M1_ABS 1
-#endif
-#define E2M1_PACKED (TK_E2M1_BF16X2 && TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
+// bf16 -> e2m1 casts with power-of-two scales encode on packed bf16 pairs
+// (tkq::e2m1_pack_bf16_pow2_abs, ~6 instead of ~13 instructions per value with the decode and
+// the fp32 product), bit-identical to store_frag. Fragments whose inverse scales exceed 2^120
+// (blocks with amax below ~6 * 2^-120, or an infinite amax) take store_frag: then a subnormal
+// bf16 input could be significant after the product, and the encoder must not depend on
+// whether the bf16 multiply flushes subnormal inputs.
+#define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it
 // (columns < K only): store_frag of values(raw).
@@ -265,11 +248,7 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
         pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
     }
     if (pow2_small) {
-#if TK_E2M1_ABS
         store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
-#else
-        store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2(raw.w, inv2));
-#endif
         return;
     }
 #endif
