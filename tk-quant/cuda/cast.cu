@@ -115,9 +115,9 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, ix r, ix
 __device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, ix r, ix c0) {
 #if TK_IN == 1
     (void)p; (void)r; (void)c0;
-    u32 m = raw.w[0] & 0x7FFF7FFFu;  // (2,) bf16 |x|
+    u32 m = tkq::bf16x2_abs(raw.w[0]);  // (2,) bf16 |x| (a NaN lane stays NaN: ignored by the max)
 #pragma unroll
-    for (int w = 1; w < RAW_WORDS; ++w) m = bf16x2_max(m, raw.w[w] & 0x7FFF7FFFu);
+    for (int w = 1; w < RAW_WORDS; ++w) m = bf16x2_max(m, tkq::bf16x2_abs(raw.w[w]));
     return fmaxf(fmaxf(0.0f, __uint_as_float(m << 16)), __uint_as_float(m & 0xFFFF0000u));
 #else
     float v[VEC];  // (VEC,) values

@@ -141,6 +141,24 @@ TK_BF16X2_OP(bf16x2_mul, "mul.rn.bf16x2")
 TK_BF16X2_OP(bf16x2_add, "add.rn.bf16x2")
 #undef TK_BF16X2_OP
 
+// TK_ABS_FMA (default 1; 0 for the A/B comparison): |x| of a bf16 pair by abs.bf16x2, which
+// ptxas issues as HFMA2.BF16_V2 (-0 * 0 + |x|, exact: subnormals kept, -0 + +0 = +0) on the FMA
+// pipe, instead of an AND on the ALU pipe, the pipe that bounds the e2m1 casts (ncu: ALU 80 %).
+// NaN lanes give an unspecified NaN (the AND keeps the payload): every caller ignores NaN (max)
+// or never passes one.
+#ifndef TK_ABS_FMA
+#define TK_ABS_FMA 1
+#endif
+__device__ __forceinline__ u32 bf16x2_abs(u32 a) {
+#if TK_ABS_FMA
+    u32 d;
+    asm("abs.bf16x2 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+#else
+    return a & 0x7FFF7FFFu;
+#endif
+}
+
 // 8 e2m1 codes packed two per byte (element 0 in the low nibble), exactly e2m1_pack of
 // y_j = fl(x_j * inv_j) for bf16 x_j (w[j/2], element 2i in the low half of w[i]) when every
 // inv_j is a power of two or -inf (power-of-two scales: the round_sf inverse of scale_pair; inv2[i]
@@ -170,7 +188,7 @@ __device__ __forceinline__ u32 e2m1_pack_bf16_pow2_abs(const u32 (&w)[4], const 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         c[i] = bf16x2_min(bf16x2_mul(w[i], inv2[i]), 0x40C040C0u);            // min(y, 6); NaN -> 6
-        const u32 a = bf16x2_min(c[i] & 0x7FFF7FFFu, 0x40C040C0u);            // |a| = min(|c|, 6)
+        const u32 a = bf16x2_min(bf16x2_abs(c[i]), 0x40C040C0u);              // |a| = min(|c|, 6); c is not NaN
         const u32 e = bf16x2_max(a, 0x3F803F80u) & 0x7F807F80u;               // exponent of max(|a|, 1)
         t[i] = bf16x2_add(a, e + (e >> 6) + 0x02020202u);                     // |a| + m (see above)
     }
