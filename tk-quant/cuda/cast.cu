@@ -36,6 +36,28 @@ struct Params {
     u64 rows_aligned;  // align(nbm, 4): padded rows of layouts B and C
 };
 
+// TK_NARROW (default 1; 0 for the A/B comparison): with TK_IDX32 (set by the host when M, K,
+// the row stride and the scale grid are all below 2^31) rows, columns, tile indices and their
+// sums and compares are 32-bit (ix), read from Params through PM, PK, ... Address products are
+// still formed in 64 bits ((u64) casts, or a u64 operand: one IMAD.WIDE.U32 each). The u64
+// version spent 2 instructions (IADD3 + IADD3.X, ISETP + ISETP.EX, SHF.U64 pairs) on most index
+// operations: 127 of the 1184 SASS instructions of per-token bf16 -> e2m1 npc=128 were high
+// halves, and the ncu profile of that kernel has the ALU pipe (which runs them) at 80 %.
+#ifndef TK_NARROW
+#define TK_NARROW 1
+#endif
+#if TK_NARROW && defined(TK_IDX32) && TK_IDX32
+using ix = u32;
+#else
+using ix = u64;
+#endif
+#define PM ((ix)p.m)
+#define PK ((ix)p.k)
+#define PLDX ((ix)p.ldx)
+#define PNBM ((ix)p.nbm)
+#define PNBK ((ix)p.nbk)
+#define PRA ((ix)p.rows_aligned)
+
 #if TK_FMT == 0
 #define TK_Q 448.0f
 #define TK_EPS __uint_as_float(0x38D1B717u)  // 1e-4
@@ -51,14 +73,9 @@ struct Params {
 using tkq::bf16x2_max;  // lane-wise max of two bf16 pairs (a NaN lane gives the other lane)
 #endif
 
-// TK_E2M1_DEC (default 1; 0 for the A/B comparison): e2m1 input decoded by tkq::e2m1_value.
-#ifndef TK_E2M1_DEC
-#define TK_E2M1_DEC 1
-#endif
-
 // The fragment's values v (VEC,) of row r at columns c0..: plain fp32(x), or fl(dec * s_in).
 // Columns >= K give 0.
-__device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u64 c0, float (&v)[VEC]) {
+__device__ __forceinline__ void values(const Params& p, const Raw& raw, ix r, ix c0, float (&v)[VEC]) {
 #if TK_IN == 2
     // e4m3: two codes per conversion (cvt.rn.f16x2.e4m3x2, the instruction decode_elem's
     // __nv_cvt_fp8_to_halfraw issues for one code: the same halves), then exact widening.
@@ -69,7 +86,7 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
         v[j] = f.x;
         v[j + 1] = f.y;
     }
-#elif TK_IN == 3 && TK_E2M1_DEC
+#elif TK_IN == 3
     // e2m1: tkq::e2m1_value (subnormal placement + one exact FMUL, ~5 instructions per code
     // instead of decode_elem's ~10 compares, selects and shifts; bit-identical).
 #pragma unroll
@@ -86,7 +103,7 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
-            if (c0 + j < p.k) v[j] = __fmul_rn(v[j], in_scale(reinterpret_cast<const void*>(p.x_sf), p.xsf_s0, p.xsf_s1, r / TK_IH, (c0 + j) / TK_IW));
+            if (c0 + j < PK) v[j] = __fmul_rn(v[j], in_scale(reinterpret_cast<const void*>(p.x_sf), p.xsf_s0, p.xsf_s1, r / TK_IH, (c0 + j) / TK_IW));
     }
 #endif
 }
@@ -95,12 +112,12 @@ __device__ __forceinline__ void values(const Params& p, const Raw& raw, u64 r, u
 // bf16: |x| of a pair by clearing both sign bits, then max.bf16x2 (which, like fmaxf, returns
 // the other operand when one is NaN) over the 4 words and fmaxf of the two halves: 9
 // instructions per 8 values instead of 16 (decode + fmaxf each).
-__device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, u64 r, u64 c0) {
+__device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, ix r, ix c0) {
 #if TK_IN == 1
     (void)p; (void)r; (void)c0;
-    u32 m = raw.w[0] & 0x7FFF7FFFu;  // (2,) bf16 |x|
+    u32 m = tkq::bf16x2_abs(raw.w[0]);  // (2,) bf16 |x| (a NaN lane stays NaN: ignored by the max)
 #pragma unroll
-    for (int w = 1; w < RAW_WORDS; ++w) m = bf16x2_max(m, raw.w[w] & 0x7FFF7FFFu);
+    for (int w = 1; w < RAW_WORDS; ++w) m = bf16x2_max(m, tkq::bf16x2_abs(raw.w[w]));
     return fmaxf(fmaxf(0.0f, __uint_as_float(m << 16)), __uint_as_float(m & 0xFFFF0000u));
 #else
     float v[VEC];  // (VEC,) values
@@ -112,16 +129,13 @@ __device__ __forceinline__ float frag_amax(const Params& p, const Raw& raw, u64 
 #endif
 }
 
-// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4). TK_RSF_NODIV
-// 1: power-of-two scales from the exponent bits (tkq::scale_pair_pow2) instead of an IEEE
-// division per block. Default: on except for per-channel blocks (TK_BK 1), where the H200
-// measured it 7 % slower (8064x7168 bf16 -> e4m3 npt=128 round: 50.0-50.5 us against 46.7;
+// (sf, inv) from amax, exactly tk_core::convert::compute_scale_with_eps (§1.4). Power-of-two
+// scales come from the exponent bits (tkq::scale_pair_pow2) instead of an IEEE division per
+// block, except for per-channel blocks (TK_BK 1), where the H200 measured the division-free
+// form 7 % slower (8064x7168 bf16 -> e4m3 npt=128 round: 50.0-50.5 us against 46.7-46.9;
 // per-token bf16 -> e4m3 npc=128 49.3-49.7 against 50.3-50.6, E5M6 bf16 1.5 % faster).
-#ifndef TK_RSF_NODIV
-#define TK_RSF_NODIV (TK_BK != 1)
-#endif
 __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv) {
-#if TK_ROUND && TK_RSF_NODIV
+#if TK_ROUND && TK_BK != 1
     tkq::scale_pair_pow2(amax, TK_EPS, TK_Q, sf, inv);
 #else
     tkq::scale_pair<TK_ROUND != 0>(amax, TK_EPS, TK_Q, sf, inv);
@@ -130,8 +144,8 @@ __device__ __forceinline__ void compute_scale(float amax, float& sf, float& inv)
 
 #if TK_MODE != 2
 // Stores S[mb, kb] (mb < nbm, kb < nbk) in the output layout with its padding (tkq::store_scale).
-__device__ __forceinline__ void store_sf(const Params& p, u64 mb, u64 kb, float sf) {
-    tkq::store_scale<TK_SF_OUT>(p.sf, p.nbm, p.nbk, p.rows_aligned, mb, kb, sf);
+__device__ __forceinline__ void store_sf(const Params& p, ix mb, ix kb, float sf) {
+    tkq::store_scale<TK_SF_OUT>(p.sf, PNBM, PNBK, PRA, mb, kb, sf);
 }
 #endif
 
@@ -161,8 +175,8 @@ __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&
 #if TK_FMT == 1
 // Stores q, the VEC/2 bytes of packed e2m1 pairs of the fragment of row r at columns c0.. (even
 // column in the low nibble; columns < K only).
-__device__ __forceinline__ void store_e2m1(const Params& p, u64 r, u64 c0, u32 q) {
-    u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2) + c0 / 2;  // (VEC/2,) bytes of row r
+__device__ __forceinline__ void store_e2m1(const Params& p, ix r, ix c0, u32 q) {
+    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * (PK / 2) + c0 / 2;  // (VEC/2,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
         *reinterpret_cast<u32*>(dst) = q;
@@ -171,20 +185,20 @@ __device__ __forceinline__ void store_e2m1(const Params& p, u64 r, u64 c0, u32 q
 #else
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j)
-        if (c0 + 2 * j < p.k) dst[j] = (u8)(q >> (8 * j));
+        if (c0 + 2 * j < PK) dst[j] = (u8)(q >> (8 * j));
 #endif
 }
 #endif
 
 // Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
-__device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const float (&v)[VEC], const float (&inv)[VEC]) {
+__device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
     u32 q[VEC / 4];  // (VEC/4,) words of 4 e4m3 codes, little-endian
 #pragma unroll
     for (int j = 0; j < VEC / 4; ++j)
         q[j] = tkq::e4m3_code2(__fmul_rn(v[4 * j], inv[4 * j]), __fmul_rn(v[4 * j + 1], inv[4 * j + 1])) |
                tkq::e4m3_code2(__fmul_rn(v[4 * j + 2], inv[4 * j + 2]), __fmul_rn(v[4 * j + 3], inv[4 * j + 3])) << 16;
-    u8* dst = reinterpret_cast<u8*>(p.out) + r * p.k + c0;  // (VEC,) bytes of row r
+    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * PK + c0;  // (VEC,) bytes of row r
 #if TK_VECIO
     if constexpr (VEC == 8)
         *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[VEC / 8]);
@@ -193,12 +207,12 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #else
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-        if (c0 + j < p.k) dst[j] = (u8)(q[j / 4] >> (8 * (j % 4)));
+        if (c0 + j < PK) dst[j] = (u8)(q[j / 4] >> (8 * (j % 4)));
 #endif
 #elif TK_FMT == 2
     u32 w[3];  // (3,) packed words of 8 E5M6 codes
     e5m6_words(v, inv, w);
-    u8* dst = reinterpret_cast<u8*>(p.out) + r * (p.k / 2 * 3) + c0 / 2 * 3;  // (12,) bytes of row r
+    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * (p.k / 2 * 3) + (u64)c0 / 2 * 3;  // (12,) bytes of row r
 #if TK_VECIO
     u32* d = reinterpret_cast<u32*>(dst);
     d[0] = w[0]; d[1] = w[1]; d[2] = w[2];
@@ -214,26 +228,17 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 r, u64 c0, const
 #endif
 }
 
-// TK_E2M1_BF16X2 (default 1; 0 for the A/B comparison): bf16 -> e2m1 casts with power-of-two
-// scales encode on packed bf16 pairs (tkq::e2m1_pack_bf16_pow2, ~7 instead of ~13 instructions
-// per value with the decode and the fp32 product), bit-identical to store_frag. Fragments whose
-// inverse scales exceed 2^120 (blocks with amax below ~6 * 2^-120, or an infinite amax) take
-// store_frag: then a subnormal bf16 input could be significant after the product, and the
-// encoder must not depend on whether the bf16 multiply flushes subnormal inputs.
-#ifndef TK_E2M1_BF16X2
-#define TK_E2M1_BF16X2 1
-#endif
-// TK_E2M1_ABS (default 1; 0 for the A/B comparison): the packed encoder rounds magnitudes and
-// takes the signs from min(y, 6) (tkq::e2m1_pack_bf16_pow2_abs, bit-identical, one instruction
-// per pair fewer).
-#ifndef TK_E2M1_ABS
-#define TK_E2M1_ABS 1
-#endif
-#define E2M1_PACKED (TK_E2M1_BF16X2 && TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
+// bf16 -> e2m1 casts with power-of-two scales encode on packed bf16 pairs
+// (tkq::e2m1_pack_bf16_pow2_abs, ~6 instead of ~13 instructions per value with the decode and
+// the fp32 product), bit-identical to store_frag. Fragments whose inverse scales exceed 2^120
+// (blocks with amax below ~6 * 2^-120, or an infinite amax) take store_frag: then a subnormal
+// bf16 input could be significant after the product, and the encoder must not depend on
+// whether the bf16 multiply flushes subnormal inputs.
+#define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it
 // (columns < K only): store_frag of values(raw).
-__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, u64 r, u64 c0, const float (&iv)[VEC]) {
+__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r, ix c0, const float (&iv)[VEC]) {
 #if E2M1_PACKED
     u32 inv2[VEC / 2];  // (VEC/2,) bf16 pairs of inverse scales (exact: powers of two)
     bool pow2_small = true;
@@ -243,11 +248,7 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, u64 r
         pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
     }
     if (pow2_small) {
-#if TK_E2M1_ABS
         store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
-#else
-        store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2(raw.w, inv2));
-#endif
         return;
     }
 #endif
@@ -293,27 +294,66 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 #ifndef TK_MINB
 #error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
 #endif
+
+// TK_SF_WORD (default 1; 0 for the A/B comparison): per-token scales in layout C go out as whole
+// int32 words, or halves of them, when a tile row spans SF_G = 4 (or 2) or more blocks (it then
+// starts at a multiple of SF_G blocks: each group of SF_G bytes of layout C lies in one warp).
+// store_sf's byte path costs the warp ~35 issued instructions per row (64-bit address math, the
+// padding checks; divergent: 32 / LK lanes store) and one byte store per block; here one or two
+// shuffles gather the SF_G exponent bytes and one lane in SF_G * LK stores them.
+#ifndef TK_SF_WORD
+#define TK_SF_WORD 1
+#endif
+constexpr int SF_G = TKC / TK_BK >= 4 ? 4 : TKC / TK_BK;  // blocks per scale store
+constexpr bool SF_WORDS = TK_SF_WORD && TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
+
+#if TK_MODE != 2
+// Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
+// whole warp, uniformly). Lanes lx, lx + LK (, lx + 2 LK, lx + 3 LK) hold the SF_G blocks
+// kb.. of one store of layout C (storage (ceil(nbk/4), ra) int32 as bytes); lane lx % (SF_G LK)
+// == 0 writes them, with zero bytes for blocks >= nbk (their lanes have c0 >= K). A pair in the
+// low half of a word whose high half holds only blocks >= nbk (no other writer) writes the whole
+// word, zeros above: the column padding. The last row also writes zeros in rows nbm..ra (the row
+// padding). The same bytes as store_scale<2>.
+__device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 lx, bool row_ok, float sf) {
+    u32 w = c0 < PK ? __float_as_uint(sf) >> 23 : 0u;  // this lane's UE8M0 byte (sf > 0)
+    w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;     // bytes of blocks kb, kb + 1
+    if constexpr (SF_G == 4) w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // kb .. kb + 3
+    if (!row_ok || lx % (SF_G * LK) != 0) return;
+    const ix kb = c0 / TK_BK;
+    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * ((u64)(kb / 4) * PRA);  // (ra, 4) bytes of word column kb / 4
+    const bool whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
+    const auto put = [&](ix row, u32 v) {
+        if (whole) *reinterpret_cast<u32*>(s + 4 * (u64)row) = v;
+        else *reinterpret_cast<u16*>(s + 4 * (u64)row + kb % 4) = (u16)v;
+    };
+    put(r, w);
+    if (r + 1 == PNBM)
+        for (ix r2 = PNBM; r2 < PRA; ++r2) put(r2, 0u);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
-    const u64 tiles_m = (p.m + TM - 1) / TM, tiles_k = (p.k + TKC - 1) / TKC;
+    const ix tiles_m = (PM + TM - 1) / TM, tiles_k = (PK + TKC - 1) / TKC;
     // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands);
     // taller blocks: grid x walks row tiles.
-    const u64 gx = TK_BM == 1 ? tiles_k : tiles_m;
-    for (u64 ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
-        for (u64 tx = blockIdx.x; tx < gx; tx += gridDim.x) {
-            const u64 tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
-            const u64 c0 = tk * TKC + lx * FK * VEC;             // first column of this thread's fragments
-            const u64 r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
-            const bool col_ok = c0 < p.k;
+    const ix gx = TK_BM == 1 ? tiles_k : tiles_m;
+    for (ix ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
+        for (ix tx = blockIdx.x; tx < gx; tx += gridDim.x) {
+            const ix tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
+            const ix c0 = tk * TKC + lx * FK * VEC;              // first column of this thread's fragments
+            const ix r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
+            const bool col_ok = c0 < PK;
             Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
 #pragma unroll
             for (int i = 0; i < RPT; ++i)
 #pragma unroll
                 for (int f = 0; f < FK; ++f) {
                     Raw& rf = raw[i * FK + f];
-                    if (c0 + f * VEC < p.k && r0 + i < p.m) rf = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r0 + i, c0 + f * VEC);
+                    if (c0 + f * VEC < PK && r0 + i < PM) rf = load_frag(reinterpret_cast<const void*>(p.x), PLDX, PK, r0 + i, c0 + f * VEC);
                     else for (int w = 0; w < RAW_WORDS; ++w) rf.w[w] = 0;
                 }
 #if TK_BM == 1 && TK_MODE != 2
@@ -321,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                const bool row_ok = col_ok && r0 + i < p.m;
+                const bool row_ok = col_ok && r0 + i < PM;
 #if TK_IN >= 2
                 // Quantized input: each fragment decoded and rescaled once, for the block
                 // maximum and the cast (frag_amax and cast_frag would decode it twice).
@@ -342,15 +382,19 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
                 float sf, inv;
                 compute_scale(a, sf, inv);
-                const u64 kb = c0 / TK_BK;
-                if (row_ok && lx % LK == 0 && r0 + i < p.nbm && kb < p.nbk) store_sf(p, r0 + i, kb, sf);
+                if constexpr (SF_WORDS) {
+                    store_sf_word(p, r0 + i, c0, lx, row_ok, sf);
+                } else {
+                    const ix kb = c0 / TK_BK;
+                    if (row_ok && lx % LK == 0 && r0 + i < PNBM && kb < PNBK) store_sf(p, r0 + i, kb, sf);
+                }
 #if TK_MODE == 0
                 float iv[VEC];  // (VEC,) inverse scale of row r0 + i
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv;
 #pragma unroll
                 for (int f = 0; f < FK; ++f) {
-                    if (!row_ok || c0 + f * VEC >= p.k) continue;
+                    if (!row_ok || c0 + f * VEC >= PK) continue;
 #if TK_IN >= 2
                     store_frag(p, r0 + i, c0 + f * VEC, v[f], iv);
 #else
@@ -367,8 +411,8 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             for (int i = 0; i < NR; ++i)
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
-                    const u64 mb = TK_BM == 1 ? r0 + i : tm, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
-                    sf[i][b] = (mb < p.nbm && kb < p.nbk) ? __ldg(reinterpret_cast<const float*>(p.sf) + mb * p.sf_ld + kb) : 1.0f;
+                    const ix mb = TK_BM == 1 ? r0 + i : tm, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
+                    sf[i][b] = (mb < PNBM && kb < PNBK) ? __ldg(reinterpret_cast<const float*>(p.sf) + mb * p.sf_ld + kb) : 1.0f;
                     inv[i][b] = __frcp_rn(sf[i][b]);
                 }
 #else
@@ -438,9 +482,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     float s, iv;
                     compute_scale(a, s, iv);
                     scl[t] = iv;
-                    const u64 tc0 = tk * TKC + tlx * VEC;  // first column of lane tlx (FK == 1)
-                    const u64 kb = TK_BK == 1 ? tc0 + tb : tc0 / TK_BK;
-                    if (tc0 < p.k && tlx % LK == 0 && tm < p.nbm && kb < p.nbk) store_sf(p, tm, kb, s);
+                    const ix tc0 = tk * TKC + tlx * VEC;  // first column of lane tlx (FK == 1)
+                    const ix kb = TK_BK == 1 ? tc0 + tb : tc0 / TK_BK;
+                    if (tc0 < PK && tlx % LK == 0 && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, s);
                 }
                 __syncthreads();
 #pragma unroll
@@ -455,8 +499,8 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     for (int i = 0; i < NR; ++i)
 #pragma unroll
                         for (int b = 0; b < NB; ++b) {
-                            const u64 mb = r0 + i, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
-                            if (mb < p.nbm && kb < p.nbk) store_sf(p, mb, kb, sf[i][b]);
+                            const ix mb = r0 + i, kb = TK_BK == 1 ? c0 + b : c0 / TK_BK;
+                            if (mb < PNBM && kb < PNBK) store_sf(p, mb, kb, sf[i][b]);
                         }
                 }
             }
@@ -464,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #if TK_MODE != 1
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-                if (!col_ok || r0 + i >= p.m) continue;
+                if (!col_ok || r0 + i >= PM) continue;
                 float iv[VEC];  // (VEC,) inverse scales of the fragment's columns
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
@@ -492,18 +536,18 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
     u32 (*stage)[96] = stage_buf;
 #endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (u64 r = blockIdx.x; r < p.m; r += gridDim.x) {
+    for (ix r = blockIdx.x; r < PM; r += gridDim.x) {
         Raw raw[TK_NF];  // (NF fragments, VEC columns)
         float am = 0.0f;
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
-            const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
-            if (c0 < p.k) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), p.ldx, p.k, r, c0);
+            const ix c0 = ((ix)i * TK_THREADS + threadIdx.x) * VEC;
+            if (c0 < PK) raw[i] = load_frag(reinterpret_cast<const void*>(p.x), PLDX, PK, r, c0);
         }
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
-            const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
-            if (c0 < p.k) am = fmaxf(am, frag_amax(p, raw[i], r, c0));
+            const ix c0 = ((ix)i * TK_THREADS + threadIdx.x) * VEC;
+            if (c0 < PK) am = fmaxf(am, frag_amax(p, raw[i], r, c0));
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, o));
@@ -521,12 +565,12 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
         for (int j = 0; j < VEC; ++j) iv[j] = inv;
 #pragma unroll
         for (int i = 0; i < TK_NF; ++i) {
-            const u64 c0 = ((u64)i * TK_THREADS + threadIdx.x) * VEC;
+            const ix c0 = ((ix)i * TK_THREADS + threadIdx.x) * VEC;
 #if TK_FMT == 2 && TK_VECIO
             // E5M6: a warp's 32 fragments are 384 contiguous bytes; staged through shared
             // memory they go out as 24 coalesced 16-byte stores instead of 96 scattered words.
             const u64 row_bytes = p.k / 2 * 3;
-            const bool staged = __all_sync(0xFFFFFFFFu, c0 < p.k) && (p.out + r * row_bytes) % 16 == 0;
+            const bool staged = __all_sync(0xFFFFFFFFu, c0 < PK) && (p.out + r * row_bytes) % 16 == 0;
             if (staged) {
                 float v[VEC];
                 values(p, raw[i], r, c0, v);
@@ -540,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
                 continue;
             }
 #endif
-            if (c0 < p.k) cast_frag(p, raw[i], r, c0, iv);
+            if (c0 < PK) cast_frag(p, raw[i], r, c0, iv);
         }
     }
 }

@@ -104,26 +104,18 @@ __device__ __forceinline__ Raw second_half(const Raw& a) {
     return b;
 }
 
-// TK_E2M1_DEC (default 1; 0 for the A/B comparison): e2m1 codes decoded by tkq::e2m1_value
-// (subnormal placement + one exact FMUL: ~5 instructions per value) instead of decode_elem
-// (~10 with its compares and selects); bit-identical.
-#ifndef TK_E2M1_DEC
-#define TK_E2M1_DEC 1
-#endif
+// With one scale s per store and |s| < 4 (casts of data with block maxima below 24, or up to 12
+// with power-of-two scales; NaN fails the test), the e2m1 values are multiplied by s * 2^126
+// straight from e2m1_value_m126: one FMUL per value instead of two (H200: e2m1 -> bf16 50.8 ->
+// 39.2 us). Other scales (large, infinite, NaN) take the two exact multiplies. bf16 output
+// only: the test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs.
+constexpr bool E2M1_FUSED = TK_IN == 3 && TK_OUT == 1 && SCALES_PER_STORE == 1;
 
-// TK_E2M1_FUSED (default 1; 0 for the A/B comparison; needs TK_E2M1_DEC): with one scale s
-// per store and |s| < 4 (casts of data with block maxima below 24, or up to 12 with
-// power-of-two scales; NaN fails the test), the e2m1 values are multiplied by s * 2^126 straight from e2m1_value_m126: one FMUL per value instead
-// of two. Other scales (large, infinite, NaN) take the two exact multiplies. bf16 output only:
-// the test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs.
-#ifndef TK_E2M1_FUSED
-#define TK_E2M1_FUSED 1
-#endif
-constexpr bool E2M1_FUSED = TK_E2M1_FUSED && TK_E2M1_DEC && TK_IN == 3 && TK_OUT == 1 && SCALES_PER_STORE == 1;
-
-// Value q (< OUT_VEC) of the fragment src, decoded to fp32 (exact).
+// Value q (< OUT_VEC) of the fragment src, decoded to fp32 (exact). e2m1: tkq::e2m1_value
+// (subnormal placement + one exact FMUL: ~5 instructions per value instead of decode_elem's
+// ~10 with its compares and selects; bit-identical).
 __device__ __forceinline__ float decode_value(const Raw& src, int q) {
-#if TK_IN == 3 && TK_E2M1_DEC
+#if TK_IN == 3
     return tkq::e2m1_value(src.w[0], q);
 #else
     return decode_elem(src, q);

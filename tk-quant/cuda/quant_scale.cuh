@@ -141,6 +141,24 @@ TK_BF16X2_OP(bf16x2_mul, "mul.rn.bf16x2")
 TK_BF16X2_OP(bf16x2_add, "add.rn.bf16x2")
 #undef TK_BF16X2_OP
 
+// TK_ABS_FMA (default 1; 0 for the A/B comparison): |x| of a bf16 pair by abs.bf16x2, which
+// ptxas issues as HFMA2.BF16_V2 (-0 * 0 + |x|, exact: subnormals kept, -0 + +0 = +0) on the FMA
+// pipe, instead of an AND on the ALU pipe, the pipe that bounds the e2m1 casts (ncu: ALU 80 %).
+// NaN lanes give an unspecified NaN (the AND keeps the payload): every caller ignores NaN (max)
+// or never passes one.
+#ifndef TK_ABS_FMA
+#define TK_ABS_FMA 1
+#endif
+__device__ __forceinline__ u32 bf16x2_abs(u32 a) {
+#if TK_ABS_FMA
+    u32 d;
+    asm("abs.bf16x2 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+#else
+    return a & 0x7FFF7FFFu;
+#endif
+}
+
 // 8 e2m1 codes packed two per byte (element 0 in the low nibble), exactly e2m1_pack of
 // y_j = fl(x_j * inv_j) for bf16 x_j (w[j/2], element 2i in the low half of w[i]) when every
 // inv_j is a power of two or -inf (power-of-two scales: the round_sf inverse of scale_pair; inv2[i]
@@ -148,54 +166,29 @@ TK_BF16X2_OP(bf16x2_add, "add.rn.bf16x2")
 // Then x * inv is exact in bf16 as in fp32 (8 significant bits) except below 2^-126, where both
 // give a magnitude that encodes to 0 with the sign kept, so the whole encoder runs on packed
 // pairs, two values per instruction:
-//   a  = max(min(y, 6), -6)               clamp keeping the sign; NaN -> +6 (min ignores NaN)
-//   m  = 2^(e+6) * (1 + 2e * 2^-7)        e = exponent of max(|a|, 1) (0, 1, 2): the bf16 ulp
-//                                         of m is the e2m1 spacing 2^(e-1) at |a|; m's mantissa
+//   c  = min(y, 6)                        NaN -> +6 (min ignores NaN); the sign of the code
+//   A  = min(|c|, 6)                      the clamped magnitude
+//   m  = 2^(e+6) * (1 + 2e * 2^-7)        e = exponent of max(A, 1) (0, 1, 2): the bf16 ulp
+//                                         of m is the e2m1 spacing 2^(e-1) at A; m's mantissa
 //                                         field is 2e (even)
-//   t  = fl(a + sign(a) m)                one RNE rounding of |a| onto the e2m1 grid, ties
+//   t  = fl(A + m)                        one RNE rounding of A onto the e2m1 grid, ties
 //                                         to even (m's mantissa is even), no binade crossing
-// so t's mantissa field is 2e + round(|a| / 2^(e-1)) = the e2m1 code of |a| (at most 7) and its
-// sign bit is the sign of a (-0 -> -m). Checked on the CPU against tk_core's e2m1_from_f32 of
-// the fp32 product for every bf16 x and every inv 2^k, k in [-126, 126], and -inf, also with
-// bf16 operations that flush subnormals to signed zero for inv <= 2^120 (cast.cu's guard). The codes and signs of 4 values are then gathered with byte
-// permutes (prmt: the sign-replicating mode for the sign bytes). ~7 instructions per value
-// instead of ~12 (fp32 product, e2m1_scaled, one e4m3x2 conversion per pair, nibble cuts).
-__device__ __forceinline__ u32 e2m1_pack_bf16_pow2(const u32 (&w)[4], const u32 (&inv2)[4]) {
-    u32 t[4];  // (4,) bf16 pairs: code in mantissa bits 0..2, sign in bit 15 of each half
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 y = bf16x2_mul(w[i], inv2[i]);
-        const u32 a = bf16x2_max(bf16x2_min(y, 0x40C040C0u), 0xC0C0C0C0u);  // clamp to [-6, 6]
-        const u32 e = bf16x2_max(a & 0x7FFF7FFFu, 0x3F803F80u) & 0x7F807F80u;  // exponent of max(|a|, 1)
-        // exponent + 6 and mantissa 2e per half: (E + 6) << 7 | 2 (E - 127) = E7 + E7 / 64 + 0x202
-        // (E7 = E << 7; no carry between the halves).
-        const u32 m = (e + (e >> 6) + 0x02020202u) | (a & 0x80008000u);
-        t[i] = bf16x2_add(a, m);
-    }
-    u32 n[2];  // (2,) words with bytes 0 and 2 holding two nibbles each
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        u32 c, s;  // (4,) bytes: low byte of each half (code in bits 0..2); sign of each half (0 / 0xFF)
-        asm("prmt.b32 %0, %1, %2, 0x6420;" : "=r"(c) : "r"(t[2 * h]), "r"(t[2 * h + 1]));
-        asm("prmt.b32 %0, %1, %2, 0xFDB9;" : "=r"(s) : "r"(t[2 * h]), "r"(t[2 * h + 1]));
-        const u32 b = (c & 0x07070707u) | (s & 0x08080808u);  // (4,) nibbles, one per byte
-        n[h] = b | b >> 4;
-    }
-    return __byte_perm(n[0], n[1], 0x6420);
-}
-
-// e2m1_pack_bf16_pow2 bit for bit, one instruction per pair fewer: the rounding add runs on
-// magnitudes and the signs come from c = min(y, 6) instead of riding on t. With A =
-// min(|c|, 6) = |a| (a = max(min(y, 6), -6) of e2m1_pack_bf16_pow2; NaN y: c = 6, A = 6 = a),
-// t' = fl(A + m) = |fl(a + sign(a) m)| (RNE is symmetric), so the code bits are the same, and
-// sign(c) = sign(a) (y >= 6 and NaN: +; else c = y and a = max(y, -6) keep y's sign, -0
-// included). Per pair: mul, min, and, min, max, and, lea, add, add (9 instead of 10).
+// so t's mantissa field is 2e + round(A / 2^(e-1)) = the e2m1 code of A (at most 7), and the
+// sign bit of c is the sign of the code (y >= 6 and NaN: +; else c = y keeps y's sign, -0
+// included). Checked on the CPU against tk_core's e2m1_from_f32 of the fp32 product for every
+// bf16 x and every inv 2^k, k in [-126, 126], and -inf, also with bf16 operations that flush
+// subnormals to signed zero for inv <= 2^120 (cast.cu's guard); and against the earlier form
+// that let m carry the sign (fl(a + sign(a) m) with a = max(min(y, 6), -6): RNE is symmetric)
+// on all 65536 bf16 products. The codes and signs of 4 values are then gathered with byte
+// permutes (prmt: the sign-replicating mode for the sign bytes). Per pair: mul, min, and, min,
+// max, and, lea, add, add (~6 instructions per value instead of ~12: fp32 product,
+// e2m1_scaled, one e4m3x2 conversion per pair, nibble cuts).
 __device__ __forceinline__ u32 e2m1_pack_bf16_pow2_abs(const u32 (&w)[4], const u32 (&inv2)[4]) {
     u32 c[4], t[4];  // (4,) bf16 pairs: min(y, 6) (the signs); |rounded| (code in mantissa bits 0..2)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         c[i] = bf16x2_min(bf16x2_mul(w[i], inv2[i]), 0x40C040C0u);            // min(y, 6); NaN -> 6
-        const u32 a = bf16x2_min(c[i] & 0x7FFF7FFFu, 0x40C040C0u);            // |a| = min(|c|, 6)
+        const u32 a = bf16x2_min(bf16x2_abs(c[i]), 0x40C040C0u);              // |a| = min(|c|, 6); c is not NaN
         const u32 e = bf16x2_max(a, 0x3F803F80u) & 0x7F807F80u;               // exponent of max(|a|, 1)
         t[i] = bf16x2_add(a, e + (e >> 6) + 0x02020202u);                     // |a| + m (see above)
     }

@@ -166,7 +166,29 @@ pub(crate) struct CastKernel {
     pub vecio: bool,
     /// Whole-row path: `(threads, fragments per thread)`.
     pub whole_row: Option<(usize, usize)>,
+    /// `TK_IDX32`: every row, column, row stride and scale-grid extent of the call is below
+    /// 2^31, so the kernel may index in 32 bits ([`fits_idx32`]).
+    pub idx32: bool,
 }
+
+/// Whether the call's `M`, `K`, input row stride and scale grid (with its padded rows) all lie
+/// below 2^31: then the kernel's row and column indices, tile indices and their sums fit in 32
+/// bits (`TK_IDX32`; address products stay 64-bit).
+fn fits_idx32(a: &CastArgs) -> bool {
+    [a.m, a.k, a.ldx, a.nbm, a.nbk, a.rows_aligned]
+        .iter()
+        .all(|&v| v < 1 << 31)
+}
+
+/// `TK_MINB` of the tiled path for quantized input (A/B knob: 2 is the previous value). The
+/// H200 profile of e2m1(32x32) -> e4m3 per token (ncu, 65.6 us) showed a latency-bound kernel:
+/// 88 registers under the 128 that 2 CTAs allow, 25 % theoretical occupancy, 1.0 eligible warp
+/// per scheduler, DRAM 30 %; a thread holds only 4 rows x 4-8 input bytes, so the bytes in
+/// flight per SM are set by the resident warps. 4 CTAs (at most 64 registers)
+/// would double the resident warps but spill (ptxas: 8-192 bytes); 3 CTAs (at most 80
+/// registers, no spills up to 4 rows per thread) give 1.5 times the resident warps and loads in
+/// flight.
+const QUANT_MIN_BLOCKS: usize = 3;
 
 /// Lanes of a warp along K on the tiled path for block `(bm, bk)` with `vec` elements per
 /// fragment: 32 for per-token blocks; for taller blocks, as many as give each thread 4 to 8
@@ -214,7 +236,8 @@ impl CastKernel {
                     CastMode::PrecomputedSf => 2,
                 },
             )
-            .define("TK_VECIO", self.vecio as u8);
+            .define("TK_VECIO", self.vecio as u8)
+            .define("TK_IDX32", self.idx32 as u8);
         let s = match self.input {
             InputKind::Quantized {
                 packed_sf, block, ..
@@ -238,11 +261,9 @@ impl CastKernel {
     /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
     /// blocks) → 4 (measured: 4 beats 3 per token); the per-channel tile (32 words, but one
     /// scale computation per thread) → 4; up to 32 words → 3; more → 2.
-    /// Quantized input (input scales and decoding live as well) → 2.
+    /// Quantized input: [`QUANT_MIN_BLOCKS`] up to 4 rows per thread, else 2 (8 rows of e2m1
+    /// input spill at 80 registers).
     fn min_blocks(&self) -> usize {
-        if matches!(self.input, InputKind::Quantized { .. }) {
-            return 2;
-        }
         let (bm, bk) = self.block;
         // Per-token tiles: 4 fragments (4 / FK rows of FK fragments).
         let rows = if bm == 1 {
@@ -250,6 +271,9 @@ impl CastKernel {
         } else {
             bm / (8 * (32 / self.lx()))
         };
+        if matches!(self.input, InputKind::Quantized { .. }) {
+            return if rows <= 4 { QUANT_MIN_BLOCKS } else { 2 };
+        }
         let words = rows * self.vec() * self.input.bits() / 32;
         if words <= 16 || bk == 1 {
             4
@@ -315,6 +339,7 @@ impl CastKernel {
             mode,
             vecio,
             whole_row: None,
+            idx32: false,
         };
         if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) && target != Target::E5M6 {
             return Ok(kernel);
@@ -427,6 +452,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                         mode: CastMode::Cast,
                         vecio: true,
                         whole_row: None,
+                        idx32: true,
                     }
                     .spec(),
                 );
@@ -445,6 +471,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     mode: CastMode::Cast,
                     vecio: true,
                     whole_row: Some((256, 4)),
+                    idx32: true,
                 }
                 .spec(),
             );
@@ -620,6 +647,10 @@ fn enqueue(dev: &Device, kernel: &CastKernel, plan: &CastPlan, args: &CastArgs) 
     if plan.m == 0 {
         return Ok(());
     }
+    let kernel = &CastKernel {
+        idx32: fits_idx32(args),
+        ..*kernel
+    };
     let f = dev.function(&kernel.spec())?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(args);
