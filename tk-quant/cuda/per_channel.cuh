@@ -17,28 +17,15 @@
 // maxima: registers over 4 rows, shuffles over a warp's 16 rows, shared memory across the
 // NPT/16 warps of a block; each (block, column) scale is then computed once, by one thread,
 // and its inverse shared through shared memory. The transposed output is staged as codes in
-// shared memory (64 columns x 128 rows, rows padded by 4 bytes) and written as 16-byte chunks,
-// 8 consecutive threads per 128-byte run of an output row (knobs below).
+// shared memory (64 columns x 128 rows, rows padded by 4 bytes; lanes 4..7 of a row group stage
+// their columns rotated by 4, avoiding 2-way bank conflicts) and written as 16-byte chunks, 8
+// consecutive threads per 128-byte run of an output row (full sectors per store instruction).
+// A Src with PIPE (PlainSrc; its host then launches at most the resident CTAs, each looping
+// over row tiles) has the raw words of its next tile loaded right after the current tile's
+// codes are computed, so those loads are in flight during the current tile's staging, barriers
+// and global stores (software pipeline).
 #pragma once
 #include "tk/fused_io.cuh"
-
-// Knobs of the transposed output (A/B): TK_PC_STORE16 1 writes the staged codes as 16-byte
-// chunks, 8 threads per 128-byte column run (0: 32 bytes per thread, 4 per run, half a sector per
-// store instruction); TK_PC_SWZ 1 rotates the staging order of lanes 4..7 of each row group to
-// avoid 2-way bank conflicts on the staging stores.
-#ifndef TK_PC_STORE16
-#define TK_PC_STORE16 1
-#endif
-#ifndef TK_PC_SWZ
-#define TK_PC_SWZ 1
-#endif
-// TK_PC_PIPE 1 (set by per_channel_cast_and_transpose's host, which then launches at most the
-// resident CTAs, each looping over row tiles): a Src with PIPE (PlainSrc) has the raw words of
-// its next tile loaded right after the current tile's codes are computed, so those loads are in
-// flight during the current tile's staging, barriers and global stores (software pipeline).
-#ifndef TK_PC_PIPE
-#define TK_PC_PIPE 0
-#endif
 
 using tk::u8;
 using tk::u32;
@@ -69,7 +56,7 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 
-// The members of a Src without the raw prefetch of TK_PC_PIPE (see PlainSrc for one with it).
+// The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
     static constexpr bool PIPE = false;
     struct Raw {};
@@ -103,7 +90,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u32 rg = warp * LY + ly;  // row group: rows 4 rg .. 4 rg + 3 of the tile
     const u64 tiles_r = (p.m + TR - 1) / TR, tiles_c = p.k / TC;
-    constexpr bool PIPE = TK_PC_PIPE != 0 && Src::PIPE;
+    constexpr bool PIPE = Src::PIPE;
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
     if constexpr (PIPE)
         if (blockIdx.y < tiles_r && blockIdx.x < tiles_c) Src::fetch(p, u64{blockIdx.y} * TR + rg * RPT, u64{blockIdx.x} * TC + lx * 8, raw);
@@ -174,18 +161,13 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
 #pragma unroll
             for (int s = 0; s < 8; ++s) {
-#if TK_PC_SWZ
                 // Lanes lx >= 4 write column (s + 4) % 8 of theirs at step s: their bank
                 // (8 lx + j + rg) % 32 would otherwise repeat that of lane lx - 4 (2-way).
                 const bool hi = lx >= 4;
                 const int jb = (s + 4) % 8;
                 *reinterpret_cast<u32*>(st + (hi ? jb : s) * ROW_PITCH) = hi ? cw[jb] : cw[s];
-#else
-                *reinterpret_cast<u32*>(st + s * ROW_PITCH) = cw[s];
-#endif
             }
             __syncthreads();
-#if TK_PC_STORE16
             // 512 chunks of 16 bytes: chunk ch is bytes 16 (ch % 8) .. +16 of column ch / 8, so
             // 8 consecutive threads write one column's 128 contiguous bytes per instruction (full
             // sectors); shared banks (column + 4 (ch % 8) + t) % 32 are distinct across a warp.
@@ -198,16 +180,6 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
                 u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
                 tkq::store_bytes<16, VECIO>(dst, w);
             }
-#else
-            {
-                const u32 col = threadIdx.x / 4, part = threadIdx.x % 4;  // 32 bytes of one column
-                u32 w[8];
-#pragma unroll
-                for (int t = 0; t < 8; ++t) w[t] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 32 + 4 * t);
-                u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 32;  // (32,) of out row
-                tkq::store_bytes<32, VECIO>(dst, w);
-            }
-#endif
 #else
 #pragma unroll
             for (int i = 0; i < RPT; ++i)

@@ -101,7 +101,9 @@ pub use gpu::*;
 /// columns of 4 rows (16-byte loads), column maxima come from registers, warp shuffles and
 /// shared memory across the `npt / 16` warps of a scale block, then one thread per (block,
 /// column) computes the scale and shares its inverse through shared memory; the transposed
-/// codes are staged in shared memory and written as 32 contiguous bytes per thread. No host
+/// codes are staged in shared memory and written as 16-byte chunks, 8 threads per 128-byte run
+/// of an output row. At most the resident CTAs are launched, each looping over row tiles and
+/// loading its next tile while it stores the current one (software pipeline). No host
 /// synchronisation.
 #[cfg(feature = "cuda")]
 mod gpu {
@@ -167,11 +169,6 @@ mod gpu {
     /// (`__launch_bounds__(256, 5)`: at most 48 registers, which they fit without spilling).
     pub(crate) const PLAIN_MIN_BLOCKS: usize = 5;
 
-    /// Knob (A/B): the plain op's software pipeline (`TK_PC_PIPE`): at most the resident CTAs
-    /// (`sm_count × PLAIN_MIN_BLOCKS`, row tiles balanced over them), each loading its next row
-    /// tile while it stores the current one. `false`: one CTA per tile, no prefetch.
-    pub(crate) const PIPELINE: bool = true;
-
     /// A per-channel kernel specialisation: `source` with the tile's defines (`min_blocks`:
     /// CTAs per SM for the launch bounds) and the op's own.
     pub(crate) fn per_channel_spec(
@@ -193,15 +190,15 @@ mod gpu {
     /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
     /// `plan` (block `(npt, 1)`, layout A), then launches `spec_for(vecio)` over `plan`'s
     /// tiles with `args` (inputs filled in by the op; `input_align`: their addresses and row
-    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`; `persistent`:
-    /// at most `sm_count × PLAIN_MIN_BLOCKS` CTAs, looping over row tiles (for a kernel with
-    /// `TK_PC_PIPE`).
+    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`;
+    /// `persistent: Some(b)`: at most `sm_count × b` CTAs (`b` = the kernel's CTAs per SM),
+    /// looping over row tiles (for a kernel whose Src has the pipeline's prefetch).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_per_channel(
         dev: &Device,
         plan: &CastPlan,
         transpose: bool,
-        persistent: bool,
+        persistent: Option<usize>,
         mut args: PerChannelArgs,
         input_align: &[u64],
         (out, out_sf): (&mut DeviceQuantDataViewMut<'_>, &mut DeviceScales),
@@ -222,10 +219,10 @@ mod gpu {
         }
         let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
         let mut grid_r = tiles_r.min(65535);
-        if persistent {
+        if let Some(per_sm) = persistent {
             // Row tiles per CTA so that tiles_c × grid_r CTAs fit in one wave, then the fewest
             // CTAs with that many tiles each (balanced).
-            let slots = dev.props().sm_count.max(1) as usize * PLAIN_MIN_BLOCKS;
+            let slots = dev.props().sm_count.max(1) as usize * per_sm;
             let per_cta = tiles_r.div_ceil((slots / tiles_c.max(1)).max(1));
             grid_r = tiles_r.div_ceil(per_cta).min(65535);
         }
@@ -295,7 +292,7 @@ mod gpu {
             x.device(),
             &plan,
             true,
-            PIPELINE,
+            Some(PLAIN_MIN_BLOCKS),
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
@@ -303,10 +300,9 @@ mod gpu {
         )
     }
 
-    /// This op's kernel specialisation (`vecio`: 16-byte accesses), with the `PIPELINE` knob.
+    /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn plain_spec(npt: usize, round_sf: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(&SOURCE, npt, round_sf, true, vecio, PLAIN_MIN_BLOCKS)
-            .define("TK_PC_PIPE", PIPELINE as u8)
     }
 
     /// `per_channel_cast_and_transpose` on the GPU: e4m3 data `(K, M)` (the transpose) and

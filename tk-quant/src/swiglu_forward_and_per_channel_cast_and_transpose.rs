@@ -206,7 +206,7 @@ mod gpu {
             x.device(),
             &plan,
             transpose,
-            false,
+            None,
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),

@@ -1337,7 +1337,7 @@ fn gpu_per_channel_cast_and_transpose_off_grid() {
         (384, 640, 8),
         (0, 64, 0),
         (1152, 128, 1),
-        // The pipelined persistent grid (PIPELINE) on a 132-SM H200: 17 row tiles over 9 CTA
+        // The pipelined persistent grid (pipeline) on a 132-SM H200: 17 row tiles over 9 CTA
         // rows (the last CTA row loops once, the others twice), 16-byte-aligned padded rows;
         // 704 column tiles (more than the resident CTAs: every CTA loops over both row tiles),
         // unaligned rows (scalar loads).
