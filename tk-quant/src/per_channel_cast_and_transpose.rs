@@ -169,6 +169,12 @@ mod gpu {
     /// (`__launch_bounds__(256, 5)`: at most 48 registers, which they fit without spilling).
     pub(crate) const PLAIN_MIN_BLOCKS: usize = 5;
 
+    /// Knob (A/B) of the persistent grid: `true` launches exactly the resident CTAs
+    /// (`sm_count × b`, a 1D grid) and deals the tiles round-robin over them; `false`: a 2D
+    /// grid of one CTA per column tile × the fewest CTA rows holding the row tiles in one wave
+    /// (e.g. 560 of 660 slots for 112 column tiles: SMs with 5 CTAs and SMs with 4).
+    pub(crate) const FILL_SLOTS: bool = true;
+
     /// A per-channel kernel specialisation: `source` with the tile's defines (`min_blocks`:
     /// CTAs per SM for the launch bounds) and the op's own.
     pub(crate) fn per_channel_spec(
@@ -218,14 +224,22 @@ mod gpu {
             return Ok(());
         }
         let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
-        let mut grid_r = tiles_r.min(65535);
-        if let Some(per_sm) = persistent {
+        let grid = match persistent {
+            // Every resident CTA, the tiles dealt round-robin (row-major): per SM at most one
+            // tile more than the average.
+            Some(per_sm) if FILL_SLOTS => {
+                let slots = dev.props().sm_count.max(1) as usize * per_sm;
+                ((tiles_r * tiles_c).min(slots) as u32, 1)
+            }
             // Row tiles per CTA so that tiles_c × grid_r CTAs fit in one wave, then the fewest
             // CTAs with that many tiles each (balanced).
-            let slots = dev.props().sm_count.max(1) as usize * per_sm;
-            let per_cta = tiles_r.div_ceil((slots / tiles_c.max(1)).max(1));
-            grid_r = tiles_r.div_ceil(per_cta).min(65535);
-        }
+            Some(per_sm) => {
+                let slots = dev.props().sm_count.max(1) as usize * per_sm;
+                let per_cta = tiles_r.div_ceil((slots / tiles_c.max(1)).max(1));
+                (tiles_c as u32, tiles_r.div_ceil(per_cta).min(65535) as u32)
+            }
+            None => (tiles_c as u32, tiles_r.min(65535) as u32),
+        };
         let f = dev.function(&spec)?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&args);
@@ -238,7 +252,7 @@ mod gpu {
         // 16-byte aligned. Buffers outlive the launch.
         unsafe {
             l.launch(LaunchConfig {
-                grid_dim: (tiles_c as u32, grid_r as u32, 1),
+                grid_dim: (grid.0, grid.1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })

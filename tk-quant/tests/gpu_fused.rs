@@ -1337,10 +1337,9 @@ fn gpu_per_channel_cast_and_transpose_off_grid() {
         (384, 640, 8),
         (0, 64, 0),
         (1152, 128, 1),
-        // The pipelined persistent grid (pipeline) on a 132-SM H200: 17 row tiles over 9 CTA
-        // rows (the last CTA row loops once, the others twice), 16-byte-aligned padded rows;
-        // 704 column tiles (more than the resident CTAs: every CTA loops over both row tiles),
-        // unaligned rows (scalar loads).
+        // The pipelined persistent grid on a 132-SM H200 (660 CTAs, tiles dealt round-robin):
+        // 17 x 64 tiles (CTAs looping onto another row and column tile), 16-byte-aligned
+        // padded rows; 2 x 704 tiles, unaligned rows (scalar loads).
         (2176, 4096, 8),
         (256, 45056, 1),
     ];
@@ -1488,11 +1487,12 @@ fn gpu_swiglu_per_channel_slow_division() {
         return;
     };
     // Gates out of the inline division's range in some tiles (poke_slow_gates), the others
-    // inline, over the pipelined persistent grid (1152 rows: 9 row tiles per column tile,
-    // CTAs looping); unaligned rows (scalar loads); clamps that pull 45 into range.
+    // inline, over the pipelined persistent grid (16 x 32 tiles: more than the 396 resident
+    // CTAs of a 132-SM H200, so some loop); unaligned rows (scalar loads); a clamp that pulls
+    // 45 into range.
     let table = ExpfTable::new(&dev, &[]);
     let cases = [
-        (1152, 576, 0, None),
+        (2048, 2048, 0, None),
         (384, 320, 8, Some(10.0)),
         (256, 192, 3, None),
     ];
