@@ -45,6 +45,7 @@ struct Params {
     u64 h;             // SwiGLU: offset of the value half (= K)
     u32 has_clamp;
     float clamp;
+    u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
 
 namespace pc {
@@ -93,14 +94,14 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     // Tiles in row-major order (t = tr * tiles_c + tc), CTA b (of nb) taking t = b, b + nb, ...:
     // a 2D grid (tiles_c, rows) gives CTA (x, y) column tile x and rows y, y + rows, ...; a 1D
     // persistent grid spreads the tiles evenly over every resident CTA. The stride nb is
-    // (dr, dc) in (row, column) tiles, stepped with one carry (no division per tile). u32: an
+    // (step_r, step_c) in (row, column) tiles (kernel arguments: no registers), stepped with
+    // one carry (no division per tile). u32: an
     // output holds at least 8 KiB per tile, so there are fewer than 2^32 tiles.
     const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
-    const u32 nb = gridDim.x * gridDim.y, b = blockIdx.y * gridDim.x + blockIdx.x;
-    const u32 dr = nb / tiles_c, dc = nb % tiles_c;
-    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of t + nb
-        tc += dc;
-        tr += dr;
+    const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
+    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of t + nb (host-computed stride)
+        tc += p.step_c;
+        tr += p.step_r;
         if (tc >= tiles_c) tc -= tiles_c, ++tr;
     };
     constexpr bool PIPE = Src::PIPE;

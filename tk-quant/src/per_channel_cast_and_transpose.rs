@@ -159,9 +159,13 @@ mod gpu {
         pub h: u64,
         pub has_clamp: u32,
         pub clamp: f32,
+        /// The launch's CTA count in tiles: `step_r` rows of `K/64` column tiles plus `step_c`
+        /// (set by [`launch_per_channel`]).
+        pub step_r: u32,
+        pub step_c: u32,
     }
 
-    // SAFETY: `PerChannelArgs` is `repr(C)` plain old data (12 × u64 then 2 × 4 bytes, no
+    // SAFETY: `PerChannelArgs` is `repr(C)` plain old data (12 × u64 then 4 × 4 bytes, no
     // padding), laid out exactly as the kernels' `Params`, received by value.
     unsafe impl DeviceRepr for PerChannelArgs {}
 
@@ -240,6 +244,8 @@ mod gpu {
             }
             None => (tiles_c as u32, tiles_r.min(65535) as u32),
         };
+        let nb = grid.0 as usize * grid.1 as usize;
+        (args.step_r, args.step_c) = ((nb / tiles_c) as u32, (nb % tiles_c) as u32);
         let f = dev.function(&spec)?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&args);
