@@ -17,28 +17,15 @@
 // maxima: registers over 4 rows, shuffles over a warp's 16 rows, shared memory across the
 // NPT/16 warps of a block; each (block, column) scale is then computed once, by one thread,
 // and its inverse shared through shared memory. The transposed output is staged as codes in
-// shared memory (64 columns x 128 rows, rows padded by 4 bytes) and written as 16-byte chunks,
-// 8 consecutive threads per 128-byte run of an output row (knobs below).
+// shared memory (64 columns x 128 rows, rows padded by 4 bytes; lanes 4..7 of a row group stage
+// their columns rotated by 4, avoiding 2-way bank conflicts) and written as 16-byte chunks, 8
+// consecutive threads per 128-byte run of an output row (full sectors per store instruction).
+// A Src with PIPE (PlainSrc, the SwiGLU's; its host then launches at most the resident CTAs,
+// each looping over row tiles) has the raw words of its next tile loaded right after the current tile's
+// codes are computed, so those loads are in flight during the current tile's staging, barriers
+// and global stores (software pipeline).
 #pragma once
 #include "tk/fused_io.cuh"
-
-// Knobs of the transposed output (A/B): TK_PC_STORE16 1 writes the staged codes as 16-byte
-// chunks, 8 threads per 128-byte column run (0: 32 bytes per thread, 4 per run, half a sector per
-// store instruction); TK_PC_SWZ 1 rotates the staging order of lanes 4..7 of each row group to
-// avoid 2-way bank conflicts on the staging stores.
-#ifndef TK_PC_STORE16
-#define TK_PC_STORE16 1
-#endif
-#ifndef TK_PC_SWZ
-#define TK_PC_SWZ 1
-#endif
-// TK_PC_PIPE 1 (set by per_channel_cast_and_transpose's host, which then launches at most the
-// resident CTAs, each looping over row tiles): a Src with PIPE (PlainSrc) has the raw words of
-// its next tile loaded right after the current tile's codes are computed, so those loads are in
-// flight during the current tile's staging, barriers and global stores (software pipeline).
-#ifndef TK_PC_PIPE
-#define TK_PC_PIPE 0
-#endif
 
 using tk::u8;
 using tk::u32;
@@ -58,6 +45,7 @@ struct Params {
     u64 h;             // SwiGLU: offset of the value half (= K)
     u32 has_clamp;
     float clamp;
+    u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
 
 namespace pc {
@@ -69,12 +57,12 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 
-// The members of a Src without the raw prefetch of TK_PC_PIPE (see PlainSrc for one with it).
+// The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
     static constexpr bool PIPE = false;
     struct Raw {};
     static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
-    static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
+    static __device__ __forceinline__ void widen(const Params&, u64, u64, const Raw&, float (&)[RPT][8]) {}
 };
 
 // The default Src::rows: y[i] = values of row r0 + i (Src::load; 0 for rows >= M), row by row.
@@ -92,7 +80,8 @@ struct RowwiseLoad : NoPipe {
 };
 
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
-// 0 for rows >= M (RowwiseLoad builds it from a per-row load).
+// 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
+// c0, raw) (the raw words of those values, issued one tile ahead) and widen(p, r0, c0, raw, y).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
@@ -102,119 +91,116 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u32 rg = warp * LY + ly;  // row group: rows 4 rg .. 4 rg + 3 of the tile
-    const u64 tiles_r = (p.m + TR - 1) / TR, tiles_c = p.k / TC;
-    constexpr bool PIPE = TK_PC_PIPE != 0 && Src::PIPE;
+    // Tiles in row-major order (t = tr * tiles_c + tc), CTA b (of nb) taking t = b, b + nb, ...:
+    // a 2D grid (tiles_c, rows) gives CTA (x, y) column tile x and rows y, y + rows, ...; a 1D
+    // persistent grid spreads the tiles evenly over every resident CTA. The stride nb is
+    // (step_r, step_c) in (row, column) tiles (kernel arguments: no registers), stepped with
+    // one carry (no division per tile). u32: an
+    // output holds at least 8 KiB per tile, so there are fewer than 2^32 tiles.
+    const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
+    const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
+    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of t + nb (host-computed stride)
+        tc += p.step_c;
+        tr += p.step_r;
+        if (tc >= tiles_c) tc -= tiles_c, ++tr;
+    };
+    constexpr bool PIPE = Src::PIPE;
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
+    u32 tr32 = b / tiles_c, tc32 = b % tiles_c;  // this CTA's current tile
     if constexpr (PIPE)
-        if (blockIdx.y < tiles_r && blockIdx.x < tiles_c) Src::fetch(p, u64{blockIdx.y} * TR + rg * RPT, u64{blockIdx.x} * TC + lx * 8, raw);
-    for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        for (u64 tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
-            const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
-            float y[RPT][8];  // (rows, columns) values
-            if constexpr (PIPE) Src::widen(raw, y);
-            else Src::rows(p, r0, c0, y);
-            float am[8];  // (columns,) max over this thread's rows, then over the block
+        if (tr32 < tiles_r) Src::fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+    for (; tr32 < tiles_r; step(tr32, tc32)) {
+        const u64 tr = tr32, tc = tc32;  // row tile, column tile
+        const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
+        float y[RPT][8];  // (rows, columns) values
+        if constexpr (PIPE) Src::widen(p, r0, c0, raw, y);  // raw holds tile (tr, tc)
+        else Src::rows(p, r0, c0, y);
+        float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                am[j] = 0.0f;
+        for (int j = 0; j < 8; ++j) {
+            am[j] = 0.0f;
 #pragma unroll
-                for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
+            for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
 #pragma unroll
-                for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
-            }
-            if (ly == 0)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
-            __syncthreads();
-            // One thread per (scale block, column) of the tile: the block's column maximum over
-            // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
-            if (threadIdx.x < NB * TC) {
-                const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
-                float a = 0.0f;
-#pragma unroll
-                for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
-                float sf, inv;
-                tkq::scale_pair_fast<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-                inv_s[b][c] = inv;
-                const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
-                if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
-            }
-            __syncthreads();
-            float inv[8];  // (columns,) inverse scales of this thread's block
-            {
-                const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
-                const float4 i0 = is[0], i1 = is[1];
-                inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
-                inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
-            }
-            u32 q[RPT][2];  // (rows, 8 codes as 2 words)
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                float z[8];  // (columns,) scaled values
-#pragma unroll
-                for (int j = 0; j < 8; ++j) z[j] = __fmul_rn(y[i][j], inv[j]);
-                q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
-                q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
-            }
-            if constexpr (PIPE) {
-                // The loads of the next tile of the loops below are issued now (raw is dead:
-                // y holds its values), to be in flight during this tile's stores.
-                u64 ntr = tr, ntc = tc + gridDim.x;
-                if (ntc >= tiles_c) ntc = blockIdx.x, ntr += gridDim.y;
-                if (ntr < tiles_r) Src::fetch(p, ntr * TR + rg * RPT, ntc * TC + lx * 8, raw);
-            }
-#if TK_TRANSPOSE
-            u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                cw[j] = 0;
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) cw[j] |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
-            }
-            u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
-#pragma unroll
-            for (int s = 0; s < 8; ++s) {
-#if TK_PC_SWZ
-                // Lanes lx >= 4 write column (s + 4) % 8 of theirs at step s: their bank
-                // (8 lx + j + rg) % 32 would otherwise repeat that of lane lx - 4 (2-way).
-                const bool hi = lx >= 4;
-                const int jb = (s + 4) % 8;
-                *reinterpret_cast<u32*>(st + (hi ? jb : s) * ROW_PITCH) = hi ? cw[jb] : cw[s];
-#else
-                *reinterpret_cast<u32*>(st + s * ROW_PITCH) = cw[s];
-#endif
-            }
-            __syncthreads();
-#if TK_PC_STORE16
-            // 512 chunks of 16 bytes: chunk ch is bytes 16 (ch % 8) .. +16 of column ch / 8, so
-            // 8 consecutive threads write one column's 128 contiguous bytes per instruction (full
-            // sectors); shared banks (column + 4 (ch % 8) + t) % 32 are distinct across a warp.
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 ch = threadIdx.x + 256 * h, col = ch / 8, part = ch % 8;
-                u32 w[4];
-#pragma unroll
-                for (int t = 0; t < 4; ++t) w[t] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 16 + 4 * t);
-                u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
-                tkq::store_bytes<16, VECIO>(dst, w);
-            }
-#else
-            {
-                const u32 col = threadIdx.x / 4, part = threadIdx.x % 4;  // 32 bytes of one column
-                u32 w[8];
-#pragma unroll
-                for (int t = 0; t < 8; ++t) w[t] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 32 + 4 * t);
-                u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 32;  // (32,) of out row
-                tkq::store_bytes<32, VECIO>(dst, w);
-            }
-#endif
-#else
-#pragma unroll
-            for (int i = 0; i < RPT; ++i)
-                if (r0 + i < p.m) tkq::store_bytes<8, VECIO>(reinterpret_cast<u8*>(p.out) + (r0 + i) * p.k + c0, q[i]);  // (8,) of out row
-#endif
-            __syncthreads();  // red (and stage) are reused by the next tile
+            for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
         }
+        if (ly == 0)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
+        __syncthreads();
+        // One thread per (scale block, column) of the tile: the block's column maximum over
+        // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
+        if (threadIdx.x < NB * TC) {
+            const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
+            float a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
+            float sf, inv;
+            tkq::scale_pair_fast<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+            inv_s[b][c] = inv;
+            const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
+            if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+        }
+        __syncthreads();
+        float inv[8];  // (columns,) inverse scales of this thread's block
+        {
+            const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
+            const float4 i0 = is[0], i1 = is[1];
+            inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
+            inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
+        }
+        u32 q[RPT][2];  // (rows, 8 codes as 2 words)
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            float z[8];  // (columns,) scaled values
+#pragma unroll
+            for (int j = 0; j < 8; ++j) z[j] = __fmul_rn(y[i][j], inv[j]);
+            q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
+            q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
+        }
+        if constexpr (PIPE) {
+            // The loads of the next tile of the loops below are issued now (raw is dead:
+            // y holds its values), to be in flight during this tile's stores.
+            u32 ntr = tr32, ntc = tc32;  // this CTA's next tile
+            step(ntr, ntc);
+            if (ntr < tiles_r) Src::fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
+        }
+#if TK_TRANSPOSE
+        u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            cw[j] = 0;
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) cw[j] |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
+        }
+        u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            // Lanes lx >= 4 write column (s + 4) % 8 of theirs at step s: their bank
+            // (8 lx + j + rg) % 32 would otherwise repeat that of lane lx - 4 (2-way).
+            const bool hi = lx >= 4;
+            const int jb = (s + 4) % 8;
+            *reinterpret_cast<u32*>(st + (hi ? jb : s) * ROW_PITCH) = hi ? cw[jb] : cw[s];
+        }
+        __syncthreads();
+        // 512 chunks of 16 bytes: chunk ch is bytes 16 (ch % 8) .. +16 of column ch / 8, so
+        // 8 consecutive threads write one column's 128 contiguous bytes per instruction (full
+        // sectors); shared banks (column + 4 (ch % 8) + t) % 32 are distinct across a warp.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 ch = threadIdx.x + 256 * h, col = ch / 8, part = ch % 8;
+            u32 w[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) w[u] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 16 + 4 * u);
+            u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
+            tkq::store_bytes<16, VECIO>(dst, w);
+        }
+#else
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+            if (r0 + i < p.m) tkq::store_bytes<8, VECIO>(reinterpret_cast<u8*>(p.out) + (r0 + i) * p.k + c0, q[i]);  // (8,) of out row
+#endif
+        __syncthreads();  // red (and stage) are reused by the next tile
     }
 }
 
@@ -236,7 +222,7 @@ struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
                 for (int j = 0; j < W; ++j) raw.w[i][j] = 0;
         }
     }
-    static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[RPT][8]) {
+    static __device__ __forceinline__ void widen(const Params&, u64, u64, const Raw& raw, float (&y)[RPT][8]) {
 #pragma unroll
         for (int i = 0; i < RPT; ++i) tkq::widen8<IN>(raw.w[i], y[i]);
     }

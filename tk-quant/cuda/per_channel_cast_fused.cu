@@ -7,6 +7,10 @@
 // TK_TRANSPOSE = 0; rows >= M, the tail of a partial last block, are absent from the maxima).
 #include "tk/per_channel.cuh"
 
+#ifndef TK_GATHER32
+#define TK_GATHER32 1
+#endif
+
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
 // valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
 // row, the map load, the branch on its value, the data load and its use serialised two round
@@ -14,15 +18,25 @@
 struct GatherSrc : pc::NoPipe {
     static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
         constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;
+        // Row indices in u32 (TK_GATHER32, default 1; 0: u64, the previous code): M and N_in
+        // are below 2^32 (each row is at least 64 bytes of a device buffer), so the indices,
+        // the comparisons and the selects need one register and one instruction instead of
+        // two (the widening to u64 happens in the address products).
+#if TK_GATHER32
+        using Row = u32;
+#else
+        using Row = u64;
+#endif
+        const Row m = (Row)p.m, n_in = (Row)p.n_in;
         bool ok[pc::RPT];  // (rows,) source row valid
-        u64 src[pc::RPT];  // (rows,) source row
+        Row src[pc::RPT];  // (rows,) source row
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
-            const u64 r = r0 + i;
+            const Row r = (Row)r0 + i;
             i32 s = (i32)r;
-            if (p.map && r < p.m) s = reinterpret_cast<const i32*>(p.map)[r * p.map_s];
-            ok[i] = r < p.m && s >= 0 && (u64)s < p.n_in;
-            src[i] = ok[i] ? (u64)s : 0;
+            if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
+            ok[i] = r < m && s >= 0 && (Row)s < n_in;
+            src[i] = ok[i] ? (Row)s : 0;
         }
         u32 w[pc::RPT][B * 2];  // (rows, raw words of 8 elements); 0 (= +0 values) for absent rows
         float sc[pc::RPT];      // (rows,) input scale (fused cast back), 1 for absent rows
@@ -32,8 +46,8 @@ struct GatherSrc : pc::NoPipe {
             for (int t = 0; t < B * 2; ++t) w[i][t] = 0;
             sc[i] = 1.0f;
             if (ok[i]) {
-                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (src[i] * p.ldx + c0) * B, w[i]);
-                if (TK_IN == 2) sc[i] = reinterpret_cast<const float*>(p.xs)[src[i] * p.xs_ld + c0 / 128];
+                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (u64{src[i]} * p.ldx + c0) * B, w[i]);
+                if (TK_IN == 2) sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];
             }
         }
 #pragma unroll

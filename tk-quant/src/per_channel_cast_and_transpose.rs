@@ -101,7 +101,9 @@ pub use gpu::*;
 /// columns of 4 rows (16-byte loads), column maxima come from registers, warp shuffles and
 /// shared memory across the `npt / 16` warps of a scale block, then one thread per (block,
 /// column) computes the scale and shares its inverse through shared memory; the transposed
-/// codes are staged in shared memory and written as 32 contiguous bytes per thread. No host
+/// codes are staged in shared memory and written as 16-byte chunks, 8 threads per 128-byte run
+/// of an output row. At most the resident CTAs are launched, each looping over row tiles and
+/// loading its next tile while it stores the current one (software pipeline). No host
 /// synchronisation.
 #[cfg(feature = "cuda")]
 mod gpu {
@@ -157,9 +159,13 @@ mod gpu {
         pub h: u64,
         pub has_clamp: u32,
         pub clamp: f32,
+        /// The launch's CTA count in tiles: `step_r` rows of `K/64` column tiles plus `step_c`
+        /// (set by [`launch_per_channel`]).
+        pub step_r: u32,
+        pub step_c: u32,
     }
 
-    // SAFETY: `PerChannelArgs` is `repr(C)` plain old data (12 × u64 then 2 × 4 bytes, no
+    // SAFETY: `PerChannelArgs` is `repr(C)` plain old data (12 × u64 then 4 × 4 bytes, no
     // padding), laid out exactly as the kernels' `Params`, received by value.
     unsafe impl DeviceRepr for PerChannelArgs {}
 
@@ -167,10 +173,11 @@ mod gpu {
     /// (`__launch_bounds__(256, 5)`: at most 48 registers, which they fit without spilling).
     pub(crate) const PLAIN_MIN_BLOCKS: usize = 5;
 
-    /// Knob (A/B): the plain op's software pipeline (`TK_PC_PIPE`): at most the resident CTAs
-    /// (`sm_count × PLAIN_MIN_BLOCKS`, row tiles balanced over them), each loading its next row
-    /// tile while it stores the current one. `false`: one CTA per tile, no prefetch.
-    pub(crate) const PIPELINE: bool = true;
+    /// Knob (A/B) of the persistent grid: `true` launches exactly the resident CTAs
+    /// (`sm_count × b`, a 1D grid) and deals the tiles round-robin over them; `false`: a 2D
+    /// grid of one CTA per column tile × the fewest CTA rows holding the row tiles in one wave
+    /// (e.g. 560 of 660 slots for 112 column tiles: SMs with 5 CTAs and SMs with 4).
+    pub(crate) const FILL_SLOTS: bool = true;
 
     /// A per-channel kernel specialisation: `source` with the tile's defines (`min_blocks`:
     /// CTAs per SM for the launch bounds) and the op's own.
@@ -193,15 +200,15 @@ mod gpu {
     /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
     /// `plan` (block `(npt, 1)`, layout A), then launches `spec_for(vecio)` over `plan`'s
     /// tiles with `args` (inputs filled in by the op; `input_align`: their addresses and row
-    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`; `persistent`:
-    /// at most `sm_count × PLAIN_MIN_BLOCKS` CTAs, looping over row tiles (for a kernel with
-    /// `TK_PC_PIPE`).
+    /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`;
+    /// `persistent: Some(b)`: at most `sm_count × b` CTAs (`b` = the kernel's CTAs per SM),
+    /// looping over row tiles (for a kernel whose Src has the pipeline's prefetch).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_per_channel(
         dev: &Device,
         plan: &CastPlan,
         transpose: bool,
-        persistent: bool,
+        persistent: Option<usize>,
         mut args: PerChannelArgs,
         input_align: &[u64],
         (out, out_sf): (&mut DeviceQuantDataViewMut<'_>, &mut DeviceScales),
@@ -221,14 +228,24 @@ mod gpu {
             return Ok(());
         }
         let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
-        let mut grid_r = tiles_r.min(65535);
-        if persistent {
+        let grid = match persistent {
+            // Every resident CTA, the tiles dealt round-robin (row-major): per SM at most one
+            // tile more than the average.
+            Some(per_sm) if FILL_SLOTS => {
+                let slots = dev.props().sm_count.max(1) as usize * per_sm;
+                ((tiles_r * tiles_c).min(slots) as u32, 1)
+            }
             // Row tiles per CTA so that tiles_c × grid_r CTAs fit in one wave, then the fewest
             // CTAs with that many tiles each (balanced).
-            let slots = dev.props().sm_count.max(1) as usize * PLAIN_MIN_BLOCKS;
-            let per_cta = tiles_r.div_ceil((slots / tiles_c.max(1)).max(1));
-            grid_r = tiles_r.div_ceil(per_cta).min(65535);
-        }
+            Some(per_sm) => {
+                let slots = dev.props().sm_count.max(1) as usize * per_sm;
+                let per_cta = tiles_r.div_ceil((slots / tiles_c.max(1)).max(1));
+                (tiles_c as u32, tiles_r.div_ceil(per_cta).min(65535) as u32)
+            }
+            None => (tiles_c as u32, tiles_r.min(65535) as u32),
+        };
+        let nb = grid.0 as usize * grid.1 as usize;
+        (args.step_r, args.step_c) = ((nb / tiles_c) as u32, (nb % tiles_c) as u32);
         let f = dev.function(&spec)?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&args);
@@ -241,7 +258,7 @@ mod gpu {
         // 16-byte aligned. Buffers outlive the launch.
         unsafe {
             l.launch(LaunchConfig {
-                grid_dim: (tiles_c as u32, grid_r as u32, 1),
+                grid_dim: (grid.0, grid.1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -295,7 +312,7 @@ mod gpu {
             x.device(),
             &plan,
             true,
-            PIPELINE,
+            Some(PLAIN_MIN_BLOCKS),
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
@@ -303,10 +320,9 @@ mod gpu {
         )
     }
 
-    /// This op's kernel specialisation (`vecio`: 16-byte accesses), with the `PIPELINE` knob.
+    /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn plain_spec(npt: usize, round_sf: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(&SOURCE, npt, round_sf, true, vecio, PLAIN_MIN_BLOCKS)
-            .define("TK_PC_PIPE", PIPELINE as u8)
     }
 
     /// `per_channel_cast_and_transpose` on the GPU: e4m3 data `(K, M)` (the transpose) and

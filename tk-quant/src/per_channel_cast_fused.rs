@@ -450,7 +450,7 @@ mod gpu {
             device(x),
             &plan,
             false,
-            false,
+            None,
             args,
             &align,
             (out, out_sf),

@@ -1337,10 +1337,9 @@ fn gpu_per_channel_cast_and_transpose_off_grid() {
         (384, 640, 8),
         (0, 64, 0),
         (1152, 128, 1),
-        // The pipelined persistent grid (PIPELINE) on a 132-SM H200: 17 row tiles over 9 CTA
-        // rows (the last CTA row loops once, the others twice), 16-byte-aligned padded rows;
-        // 704 column tiles (more than the resident CTAs: every CTA loops over both row tiles),
-        // unaligned rows (scalar loads).
+        // The pipelined persistent grid on a 132-SM H200 (660 CTAs, tiles dealt round-robin):
+        // 17 x 64 tiles (CTAs looping onto another row and column tile), 16-byte-aligned
+        // padded rows; 2 x 704 tiles, unaligned rows (scalar loads).
         (2176, 4096, 8),
         (256, 45056, 1),
     ];
@@ -1354,18 +1353,38 @@ fn gpu_per_channel_cast_and_transpose_off_grid() {
     });
 }
 
+/// Gates outside the kernel's inline-division range (|l| > 40, zero, tiny, `expf(-l)` = inf),
+/// written into the gate half of `x` (bf16 `(rows, 2H + pad)`) at rows `r % 37 == 5` and
+/// columns `j % 13 == 3`: the tiles holding them take the IEEE-division fallback, the others
+/// (of the same CTAs) the inline path.
+fn poke_slow_gates(x: &mut HostTensor<bf16>, h: usize) {
+    const SPECIAL: [f32; 8] = [0.0, -0.0, 1e-30, -1e-30, 45.0, -45.0, -95.0, -200.0];
+    let width = x.shape()[1];
+    for (r, row) in x.as_mut_slice().chunks_mut(width).enumerate() {
+        if r % 37 == 5 {
+            for j in (3..h).step_by(13) {
+                row[j] = bf16::from_f32(SPECIAL[(r / 37 + j / 13) % SPECIAL.len()]);
+            }
+        }
+    }
+}
+
 /// Checks the SwiGLU per-channel op for every `npt`, `without_transpose`, `round_sf` against the
-/// downstream reference of the activation computed with the GPU's `expf`.
+/// downstream reference of the activation computed with the GPU's `expf`; `slow`: with the
+/// gates of [`poke_slow_gates`].
 fn check_swiglu_per_channel(
     dev: &Device,
-    m: usize,
-    h: usize,
-    pad: usize,
+    (m, h, pad): (usize, usize, usize),
     clamp: Option<f32>,
+    slow: bool,
     table: &ExpfTable,
 ) -> usize {
-    let name = format!("swiglu_per_channel M={m} H={h} pad={pad} clamp={clamp:?}");
-    let (x, dx, l) = bf16_input(dev, m, 2 * h, pad, &name);
+    let name = format!("swiglu_per_channel M={m} H={h} pad={pad} clamp={clamp:?} slow={slow}");
+    let (mut x, mut dx, l) = bf16_input(dev, m, 2 * h, pad, &name);
+    if slow {
+        poke_slow_gates(&mut x, h);
+        dx = dev.upload(&x).unwrap();
+    }
     let hx = x.view().with_layout(l.clone()).unwrap();
     let dxv = dx.view().with_layout(l).unwrap();
     let mut base = SwigluPerChannelParams::new(32, false);
@@ -1419,7 +1438,13 @@ fn gpu_swiglu_per_channel_grid() {
     let done = AtomicUsize::new(0);
     par_cases(&cases, moe_workers(), |&(m, h, clamp)| {
         done.fetch_add(
-            check_swiglu_per_channel(&dev.with_new_stream().unwrap(), m, h, 0, clamp, &table),
+            check_swiglu_per_channel(
+                &dev.with_new_stream().unwrap(),
+                (m, h, 0),
+                clamp,
+                false,
+                &table,
+            ),
             Ordering::Relaxed,
         );
     });
@@ -1446,7 +1471,39 @@ fn gpu_swiglu_per_channel_off_grid() {
         (0, 64, 0, None),
     ];
     par_cases(&cases, 8, |&(m, h, pad, c)| {
-        check_swiglu_per_channel(&dev.with_new_stream().unwrap(), m, h, pad, c, &table);
+        check_swiglu_per_channel(
+            &dev.with_new_stream().unwrap(),
+            (m, h, pad),
+            c,
+            false,
+            &table,
+        );
+    });
+}
+
+#[test]
+fn gpu_swiglu_per_channel_slow_division() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_per_channel_slow_division") else {
+        return;
+    };
+    // Gates out of the inline division's range in some tiles (poke_slow_gates), the others
+    // inline, over the pipelined persistent grid (16 x 32 tiles: more than the 396 resident
+    // CTAs of a 132-SM H200, so some loop); unaligned rows (scalar loads); a clamp that pulls
+    // 45 into range.
+    let table = ExpfTable::new(&dev, &[]);
+    let cases = [
+        (2048, 2048, 0, None),
+        (384, 320, 8, Some(10.0)),
+        (256, 192, 3, None),
+    ];
+    par_cases(&cases, 8, |&(m, h, pad, c)| {
+        check_swiglu_per_channel(
+            &dev.with_new_stream().unwrap(),
+            (m, h, pad),
+            c,
+            true,
+            &table,
+        );
     });
 }
 
