@@ -36,17 +36,15 @@ struct Params {
     u64 rows_aligned;  // align(nbm, 4): padded rows of layouts B and C
 };
 
-// TK_NARROW (default 1; 0 for the A/B comparison): with TK_IDX32 (set by the host when M, K,
-// the row stride and the scale grid are all below 2^31) rows, columns, tile indices and their
-// sums and compares are 32-bit (ix), read from Params through PM, PK, ... Address products are
-// still formed in 64 bits ((u64) casts, or a u64 operand: one IMAD.WIDE.U32 each). The u64
-// version spent 2 instructions (IADD3 + IADD3.X, ISETP + ISETP.EX, SHF.U64 pairs) on most index
-// operations: 127 of the 1184 SASS instructions of per-token bf16 -> e2m1 npc=128 were high
-// halves, and the ncu profile of that kernel has the ALU pipe (which runs them) at 80 %.
-#ifndef TK_NARROW
-#define TK_NARROW 1
-#endif
-#if TK_NARROW && defined(TK_IDX32) && TK_IDX32
+// TK_IDX32 (set by the host when M, K, the row stride and the scale grid are all below 2^31
+// and it measured faster: quantized input and tiled e2m1 outputs, see CastKernel::with_idx32):
+// rows, columns, tile indices and their sums and compares are 32-bit (ix), read from Params
+// through PM, PK, ... Address products are still formed in 64 bits ((u64) casts, or a u64
+// operand: one IMAD.WIDE.U32 each). The u64 version spends 2 instructions (IADD3 + IADD3.X,
+// ISETP + ISETP.EX, SHF.U64 pairs) on most index operations: 127 of the 1184 SASS instructions
+// of per-token bf16 -> e2m1 npc=128 were high halves, and the ncu profile of that kernel has
+// the ALU pipe (which runs them) at 80 %.
+#if defined(TK_IDX32) && TK_IDX32
 using ix = u32;
 #else
 using ix = u64;

@@ -171,6 +171,23 @@ pub(crate) struct CastKernel {
     pub idx32: bool,
 }
 
+impl CastKernel {
+    /// `self` with `TK_IDX32` (32-bit row and column indexing) when the call's extents `fit`
+    /// in 32 bits and it measured faster for this kernel on the H200 (tk-quant PERF.md, A/B in
+    /// one run): quantized input (e4m3(128x128) -> e4m3 per token 47.0 -> 43.9 µs) and tiled
+    /// e2m1 outputs (bf16 8001x7168 npc=128 45.6 -> 44.6 µs, fp32 83.7 -> 79.7 µs). e4m3 outputs
+    /// and whole-row casts keep 64-bit indices (bf16 -> e4m3 npc=128 47.3 vs 48.4 µs, bf16 ->
+    /// e2m1 npc=K 41.2 vs 44.9 µs).
+    fn with_idx32(self, fit: bool) -> Self {
+        let pays = matches!(self.input, InputKind::Quantized { .. })
+            || (self.target == Target::Fp(CastFormat::E2M1) && self.whole_row.is_none());
+        CastKernel {
+            idx32: fit && pays,
+            ..self
+        }
+    }
+}
+
 /// Whether the call's `M`, `K`, input row stride and scale grid (with its padded rows) all lie
 /// below 2^31: then the kernel's row and column indices, tile indices and their sums fit in 32
 /// bits (`TK_IDX32`; address products stay 64-bit).
@@ -452,8 +469,9 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                         mode: CastMode::Cast,
                         vecio: true,
                         whole_row: None,
-                        idx32: true,
+                        idx32: false,
                     }
+                    .with_idx32(true)
                     .spec(),
                 );
             }
@@ -471,8 +489,9 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     mode: CastMode::Cast,
                     vecio: true,
                     whole_row: Some((256, 4)),
-                    idx32: true,
+                    idx32: false,
                 }
+                .with_idx32(true)
                 .spec(),
             );
         }
@@ -647,10 +666,7 @@ fn enqueue(dev: &Device, kernel: &CastKernel, plan: &CastPlan, args: &CastArgs) 
     if plan.m == 0 {
         return Ok(());
     }
-    let kernel = &CastKernel {
-        idx32: fits_idx32(args),
-        ..*kernel
-    };
+    let kernel = &kernel.with_idx32(fits_idx32(args));
     let f = dev.function(&kernel.spec())?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(args);
