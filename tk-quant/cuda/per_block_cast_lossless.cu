@@ -10,23 +10,11 @@
 //   TK_IN = 3 (e2m1), TK_IN_SF (0 fp32 / 1 packed input scales), TK_IH, TK_IW, TK_OH, TK_OW,
 //   TK_SF_OUT (0 A, 1 B, 2 C), TK_VECIO (pass 2: 0 byte accesses, 1 rows 4-byte aligned (FP4)
 //   and 8-byte aligned (FP8), 2 rows 8- and 16-byte aligned).
-//   TK_LL_INT    (optional, default 1) pass 2 requantizes with integer byte permutes, 16 columns
-//                per lane fragment, where TK_VECIO == 2 and TK_IW, TK_OW are multiples of 16;
-//                0: the fp32 multiply + F2FP path (8 columns per fragment), also the fallback.
-//   TK_LL_P1     (optional, default 1) pass 1 with constant trip counts (loads issued
-//                together), redux.sync reductions, a warp per column of >= 32 packed input
-//                scales and layout-aware team order; 0: the previous loop.
-//   TK_LL_OCC    (optional, default 1) the integer pass 2 kept at 32 registers (8 CTAs per SM;
-//                the host launches one wave of resident CTAs); 0: no register cap.
+// Pass 2 requantizes with integer byte permutes (16 columns per lane fragment) where
+// TK_VECIO == 2 and TK_IW, TK_OW are multiples of 16, else with an fp32 multiply + F2FP
+// (8 columns per fragment).
 // Errors are OR-ed into *flag with atomicOr (only when one occurs); the host reads it later.
 #include "tk/quant_io.cuh"
-
-#ifndef TK_LL_INT
-#define TK_LL_INT 1
-#endif
-#ifndef TK_LL_P1
-#define TK_LL_P1 1
-#endif
 
 // Kernel arguments (mirrored by `LosslessArgs` in src/per_block_cast_lossless.rs).
 struct Params {
@@ -103,32 +91,27 @@ __device__ __forceinline__ u64 out_index(const Params& p, u64 mo, u64 ko) { retu
 
 #if TK_PASS == 1
 // One team of TEAM lanes per output block: a warp when the block holds at least 64 input
-// blocks (or, with TK_LL_P1 and packed column-major input scales, a column of at least 32:
+// blocks (or, with packed column-major input scales, a column of at least 32:
 // the lanes then read consecutive int32), else a single thread; the team's lanes take its
 // RH x RW input blocks in row-major order (constant trip count: the loads are issued
 // together), then reduce.
 constexpr u64 RH = TK_OH / TK_IH, RW = TK_OW / TK_IW;  // input blocks per output block
 constexpr u32 NB = RH * RW;
-#if TK_LL_P1
 constexpr u32 TEAM = NB >= 64 || (TK_IN_SF == 1 && RH >= 32) ? 32 : 1;
-#else
-constexpr u32 TEAM = NB >= 64 ? 32 : 1;
-#endif
 constexpr u32 PER = (NB + TEAM - 1) / TEAM;  // input blocks per lane
 constexpr u32 CH = PER < 16 ? PER : 16;       // of them loaded together
 extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
     const u32 lane = threadIdx.x % TEAM;
     const u64 total = p.nbm * p.nbk, teams = (u64)gridDim.x * blockDim.x / TEAM;
     // Consecutive teams take consecutive block rows, or (single threads over row-major fp32
-    // input scales, TK_LL_P1) consecutive block columns: the direction of contiguous scales.
-    const bool kfast = TK_LL_P1 && TEAM == 1 && TK_IN_SF == 0 && p.xsf_s1 == 1;
+    // input scales) consecutive block columns: the direction of contiguous scales.
+    const bool kfast = TEAM == 1 && TK_IN_SF == 0 && p.xsf_s1 == 1;
     const u64 n_fast = kfast ? p.nbk : p.nbm;
     for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / TEAM; i < total; i += teams) {
         const u64 q = i / n_fast, f = i - q * n_fast;
         const u64 mo = kfast ? q : f, ko = kfast ? f : q;
         const u64 mb0 = mo * RH, kb0 = ko * RW;
         u32 e_max = 0, e_min = 255, bad = 0;
-#if TK_LL_P1
         // the last input block row and column of the output block inside the grid: indices
         // past them (or past the block, b >= NB) are clamped to them, repeating a member
         const u64 mb_last = min(mb0 + RH, p.in_nbm) - 1, kb_last = min(kb0 + RW, p.in_nbk) - 1;
@@ -151,23 +134,6 @@ extern "C" __global__ void __launch_bounds__(256) tk_lossless(const Params p) {
             e_min = __reduce_min_sync(0xFFFFFFFFu, e_min);
             bad = __reduce_or_sync(0xFFFFFFFFu, bad);
         }
-#else
-        const u64 rows = min(mb0 + RH, p.in_nbm) - mb0, cols = min(kb0 + RW, p.in_nbk) - kb0;
-        for (u64 b = lane; b < rows * cols; b += TEAM) {
-            const u32 e = in_exponent(p, mb0 + b / cols, kb0 + b % cols);
-            bad |= e == 0;
-            e_max = max(e_max, e);
-            e_min = min(e_min, e);
-        }
-        if constexpr (TEAM == 32) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                e_max = max(e_max, __shfl_xor_sync(0xFFFFFFFFu, e_max, o));
-                e_min = min(e_min, __shfl_xor_sync(0xFFFFFFFFu, e_min, o));
-                bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
-            }
-        }
-#endif
         if (lane != 0) continue;
         const u32 eo = e_max > 6 ? e_max - 6 : 0;
         const u32 err = (bad ? 1u : 0u) | (e_min + 5 < eo ? 2u : 0u);
@@ -227,7 +193,7 @@ struct Tasks {
     }
 };
 
-#if TK_LL_INT && TK_VECIO == 2 && TK_IW % 16 == 0 && TK_OW % 16 == 0
+#if TK_VECIO == 2 && TK_IW % 16 == 0 && TK_OW % 16 == 0
 constexpr int FW = 16;           // columns per lane fragment: 8 bytes of FP4 in, 16 of FP8 out
 constexpr int J = SEG / 32 / FW; // fragments per lane and task (loads issued before any store)
 
@@ -262,12 +228,9 @@ __device__ __forceinline__ uint2 requant8(u32 w, u32 lo, u32 hi) {
 // adding 8 d to each nonzero table byte is the exact encoding, bit for bit what
 // enc8(dec4 * 2^d) gives; zeros stay (signed) zeros. For other d (an error is then reported
 // by pass 1 or here) the bytes are unspecified.
-// At most 32 registers (TK_LL_OCC, default 1): 8 CTAs per SM, the full 64 warps (the host
-// launches one wave of resident CTAs).
-#ifndef TK_LL_OCC
-#define TK_LL_OCC 1
-#endif
-extern "C" __global__ void __launch_bounds__(256, TK_LL_OCC ? 8 : 1) tk_lossless(const Params p) {
+// At most 32 registers: 8 CTAs per SM, the full 64 warps (the host launches one wave of
+// resident CTAs; the register cap measured neutral on the H200, within 1 %).
+extern "C" __global__ void __launch_bounds__(256, 8) tk_lossless(const Params p) {
     const u32 lane = threadIdx.x % 32;
     bool lost = false;
     for (Tasks t(p.k, (u64)blockIdx.x * WARPS + threadIdx.x / 32, (u64)gridDim.x * WARPS); t.r < p.m; t.next()) {

@@ -20,8 +20,8 @@
 // shared memory (64 columns x 128 rows, rows padded by 4 bytes; lanes 4..7 of a row group stage
 // their columns rotated by 4, avoiding 2-way bank conflicts) and written as 16-byte chunks, 8
 // consecutive threads per 128-byte run of an output row (full sectors per store instruction).
-// A Src with PIPE (PlainSrc, the SwiGLU's; its host then launches at most the resident CTAs,
-// each looping over row tiles) has the raw words of its next tile loaded right after the current tile's
+// A Src with PIPE (PlainSrc; its host then launches at most the resident CTAs, each looping
+// over row tiles) has the raw words of its next tile loaded right after the current tile's
 // codes are computed, so those loads are in flight during the current tile's staging, barriers
 // and global stores (software pipeline).
 #pragma once
@@ -62,7 +62,7 @@ struct NoPipe {
     static constexpr bool PIPE = false;
     struct Raw {};
     static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
-    static __device__ __forceinline__ void widen(const Params&, u64, u64, const Raw&, float (&)[RPT][8]) {}
+    static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
 };
 
 // The default Src::rows: y[i] = values of row r0 + i (Src::load; 0 for rows >= M), row by row.
@@ -81,7 +81,7 @@ struct RowwiseLoad : NoPipe {
 
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
 // 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
-// c0, raw) (the raw words of those values, issued one tile ahead) and widen(p, r0, c0, raw, y).
+// c0, raw) (the raw words of those values, issued one tile ahead) and widen(raw, y).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
@@ -113,7 +113,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         float y[RPT][8];  // (rows, columns) values
-        if constexpr (PIPE) Src::widen(p, r0, c0, raw, y);  // raw holds tile (tr, tc)
+        if constexpr (PIPE) Src::widen(raw, y);  // raw holds tile (tr, tc)
         else Src::rows(p, r0, c0, y);
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
@@ -222,7 +222,7 @@ struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
                 for (int j = 0; j < W; ++j) raw.w[i][j] = 0;
         }
     }
-    static __device__ __forceinline__ void widen(const Params&, u64, u64, const Raw& raw, float (&y)[RPT][8]) {
+    static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[RPT][8]) {
 #pragma unroll
         for (int i = 0; i < RPT; ++i) tkq::widen8<IN>(raw.w[i], y[i]);
     }

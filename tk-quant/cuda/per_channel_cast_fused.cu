@@ -8,7 +8,7 @@
 #include "tk/per_channel.cuh"
 
 #ifndef TK_GATHER32
-#define TK_GATHER32 1
+#error "TK_GATHER32 (1: u32 row indices, 0: u64) must be defined"
 #endif
 
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
@@ -18,10 +18,10 @@
 struct GatherSrc : pc::NoPipe {
     static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
         constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;
-        // Row indices in u32 (TK_GATHER32, default 1; 0: u64, the previous code): M and N_in
-        // are below 2^32 (each row is at least 64 bytes of a device buffer), so the indices,
-        // the comparisons and the selects need one register and one instruction instead of
-        // two (the widening to u64 happens in the address products).
+        // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below
+        // 2^32 (each row is at least 64 bytes of a device buffer), so with u32 the indices, the
+        // comparisons and the selects need one register and one instruction instead of two
+        // (the widening to u64 happens in the address products).
 #if TK_GATHER32
         using Row = u32;
 #else

@@ -25,7 +25,7 @@
 // One CTA of THREADS threads per row (grid-stride); thread t owns the COLS = 16 columns
 // of unit u = c * THREADS + t of chunk c, so a group of NPC columns is NPC/COLS adjacent lanes. The loads of
 // chunk c + 1 are issued before chunk c is processed (two chunks in flight); the divisions run
-// inline when the fragment's gates allow (tkq::div8_by, TK_FASTDIV).
+// inline when the fragment's gates allow (tkq::div8_by).
 #include "tk/fused_io.cuh"
 
 using tk::u8;

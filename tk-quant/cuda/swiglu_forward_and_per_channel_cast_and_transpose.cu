@@ -6,27 +6,23 @@
 // TK_TRANSPOSE, TK_MINB).
 #include "tk/per_channel.cuh"
 
-// Knob (A/B, set by the host with its persistent launch): TK_SW_PIPE 1 gives SwigluSrc the
-// tile's software pipeline (the gate and value words of a CTA's next tile are loaded while it
-// stores the current one, as per_channel_cast_and_transpose does); 0: each tile's words are
-// loaded at the top of the tile.
-#ifndef TK_SW_PIPE
-#define TK_SW_PIPE 1
-#endif
-
 // The divisions: the inline div_fast for the whole tile of a thread (4 rows x 8 columns), one
 // range flag over all 32 gates; when a gate is out of div_fast's range (rare: |l| > 40, tiny or
-// non-finite gates) or without TK_FASTDIV, the 4 rows are reloaded and recomputed with CUDA's
-// IEEE division (swiglu_act). Both give __fdiv_rn's quotient bit for bit (tk/fused_io.cuh), as
-// swiglu_act8 does per fragment; one cold path per tile (instead of one per fragment) keeps the
-// divide's slow-path calls, and the registers they clobber, out of the hot loop.
-struct SwigluSrc {
-    static constexpr bool PIPE = TK_SW_PIPE != 0;
-    struct Raw {
-        u32 w[pc::RPT][8];  // (rows, words): gate x[r, c0 .. c0 + 8) then value x[r, H + c0 ..)
-    };
-    // The raw gate and value words of row r (16 bytes each).
+// non-finite gates), the 4 rows are reloaded and recomputed with CUDA's IEEE division
+// (swiglu_act). Both give __fdiv_rn's quotient bit for bit (tk/fused_io.cuh), as swiglu_act8
+// does per fragment; one cold path per tile (instead of one per fragment) keeps the divide's
+// slow-path calls, and the registers they clobber, out of the hot loop. The tile's words are
+// loaded at its top (no software pipeline: with the next tile's 32 words live across the stores
+// and 3 CTAs per SM it measured 10-25 % slower on the H200 than this at 4 CTAs per SM).
+struct SwigluSrc : pc::NoPipe {
+    // The raw gate and value words of row r (16 bytes each): gate x[r, c0 .. c0 + 8) then value
+    // x[r, H + c0 ..); zeros (activations +0) for rows >= M.
     static __device__ __forceinline__ void fetch_row(const Params& p, u64 r, u64 c0, u32 (&w)[8]) {
+        if (r >= p.m) {
+#pragma unroll
+            for (int t = 0; t < 8; ++t) w[t] = 0;
+            return;
+        }
         const u8* row = reinterpret_cast<const u8*>(p.x) + r * p.ldx * 2;  // (2H,) bf16
         u32 g[4], v[4];  // (words,) gate, value
         tkq::load_bytes<16, pc::VECIO>(row + c0 * 2, g);
@@ -43,46 +39,33 @@ struct SwigluSrc {
 #pragma unroll
             for (int j = 0; j < 8; ++j) tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
     }
-    // The raw words of rows r0 .. r0 + 3 (zeros, activations +0, for rows >= M).
-    static __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
+    // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j (+0 for rows >= M).
+    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
+        u32 w[pc::RPT][8];  // (rows, words) the tile's raw words
 #pragma unroll
-        for (int i = 0; i < pc::RPT; ++i) {
-            if (r0 + i < p.m) fetch_row(p, r0 + i, c0, raw.w[i]);
-            else
-#pragma unroll
-                for (int t = 0; t < 8; ++t) raw.w[i][t] = 0;
-        }
-    }
-    // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j, from raw (rows r0 ..).
-    static __device__ __forceinline__ void widen(const Params& p, u64 r0, u64 c0, const Raw& raw, float (&y)[pc::RPT][8]) {
+        for (int i = 0; i < pc::RPT; ++i) fetch_row(p, r0 + i, c0, w[i]);
         bool ok = true;  // every gate in div_fast's range
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
             float l[8], v[8];  // (8,) gate, value
-            gate_value(p, raw.w[i], l, v);
+            gate_value(p, w[i], l, v);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 ok &= tkq::fast_div_ok(l[j]);
                 y[i][j] = tkq::round_bf16(__fmul_rn(tkq::div_fast(l[j], __fadd_rn(1.0f, expf(-l[j]))), v[j]));
             }
         }
-        if (TK_FASTDIV == 0 || !ok) {
+        if (!ok) {
 #pragma unroll
             for (int i = 0; i < pc::RPT; ++i) {
-                u32 w[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // (words,) row r0 + i (zeros: absent row)
-                if (r0 + i < p.m) fetch_row(p, r0 + i, c0, w);
+                u32 wi[8];  // (words,) row r0 + i, reloaded
+                fetch_row(p, r0 + i, c0, wi);
                 float l[8], v[8];  // (8,) gate, value
-                gate_value(p, w, l, v);
+                gate_value(p, wi, l, v);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) y[i][j] = tkq::round_bf16(tkq::swiglu_act(l[j], v[j]));
             }
         }
-    }
-    // Without PIPE: the tile's words loaded, then widened, at the top of the tile.
-    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
-        Raw raw;
-        fetch(p, r0, c0, raw);
-        widen(p, r0, c0, raw, y);
     }
 };
 

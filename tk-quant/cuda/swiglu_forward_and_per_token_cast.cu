@@ -25,7 +25,6 @@
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
-//   TK_FASTDIV   see tk/fused_io.cuh (default 1)
 //   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
 //                fragments per thread; undefined: the tiled path (groups of 128 columns)
 #include "tk/fused_io.cuh"

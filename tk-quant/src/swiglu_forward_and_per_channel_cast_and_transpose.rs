@@ -127,10 +127,9 @@ pub use gpu::*;
 /// bf16 activation, computed in registers from 16-byte loads of the gate and value halves
 /// (clamp in fp32, CUDA's `expf`); bit-exact with
 /// [`reference::swiglu_forward_and_per_channel_cast_and_transpose_with_expf`](fn@crate::reference::swiglu_forward_and_per_channel_cast_and_transpose_with_expf)
-/// given CUDA's `expf`. Like [`crate::per_channel_cast_and_transpose`], at most the resident
-/// CTAs are launched, each looping over row tiles and loading the gate and value words of its
-/// next tile while it stores the current one (software pipeline, knob `PIPELINE`).
-/// No host synchronisation.
+/// given CUDA's `expf`. One CTA per tile, its gate and value words loaded at the top of the
+/// tile (the software pipeline of [`crate::per_channel_cast_and_transpose`] measured 10-25 %
+/// slower here: it needs 80 registers, 3 CTAs per SM). No host synchronisation.
 #[cfg(feature = "cuda")]
 mod gpu {
     use half::bf16;
@@ -152,20 +151,12 @@ mod gpu {
         needs_cuda_headers: true,
     };
 
-    /// CTAs per SM for the launch bounds (and the persistent grid): 80 registers. The pipeline
-    /// keeps a tile's 32 raw words live across the stores (with 4 CTAs, 64 registers, ptxas
-    /// spills 324 bytes; with 3 it keeps one word of the hot loop in local memory).
-    const MIN_BLOCKS: usize = 3;
-
-    /// Knob (A/B): the software pipeline (`TK_SW_PIPE` in the kernel, with the persistent grid
-    /// of `sm_count × MIN_BLOCKS` CTAs); `false`: one CTA per tile, rows loaded and activated
-    /// at the top of the tile.
-    const PIPELINE: bool = true;
+    /// CTAs per SM for the launch bounds: 64 registers.
+    const MIN_BLOCKS: usize = 4;
 
     /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn spec(npt: usize, round_sf: bool, transpose: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(&SOURCE, npt, round_sf, transpose, vecio, MIN_BLOCKS)
-            .define("TK_SW_PIPE", PIPELINE as u8)
     }
 
     /// The specialisations the tests and benchmarks launch.
@@ -219,7 +210,7 @@ mod gpu {
             x.device(),
             &plan,
             transpose,
-            PIPELINE.then_some(MIN_BLOCKS),
+            None,
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),

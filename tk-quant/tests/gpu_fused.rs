@@ -1487,9 +1487,8 @@ fn gpu_swiglu_per_channel_slow_division() {
         return;
     };
     // Gates out of the inline division's range in some tiles (poke_slow_gates), the others
-    // inline, over the pipelined persistent grid (16 x 32 tiles: more than the 396 resident
-    // CTAs of a 132-SM H200, so some loop); unaligned rows (scalar loads); a clamp that pulls
-    // 45 into range.
+    // inline (16 x 32 tiles, one CTA each: tiles of both kinds in the same wave); unaligned
+    // rows (scalar loads); a clamp that pulls 45 into range.
     let table = ExpfTable::new(&dev, &[]);
     let cases = [
         (2048, 2048, 0, None),
