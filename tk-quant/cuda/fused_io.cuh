@@ -145,36 +145,6 @@ __device__ __forceinline__ void store8_quant(void* dst, const float (&v)[8], flo
     store_bytes<Quant8<FMT>::WORDS * 4, VEC>(dst, w);
 }
 
-// (sf, inv) of scale_pair (tk/quant_scale.cuh), bit for bit, for the format maximum q (448 or
-// 6). Power-of-two scales (ROUND) without the division when c = max(amax, eps) is in
-// [2^-100, 2^100] (TK_POW2_SCALE, default 1): scale_pair takes e = ceil(log2(fl(c / q))).
-// With c = Mc 2^Ec and q = Mq 2^Eq (Mc, Mq in [1, 2), multiples of 2^-23) that is
-// Ec - Eq + (Mc > Mq): for Mc = Mq the quotient is exactly 2^(Ec-Eq); for Mc > Mq it is
-// >= 2^(Ec-Eq) (1 + 2^-23 / Mq), more than half an ulp above 2^(Ec-Eq), so fl(c / q) is not
-// a power of two (and at most 2^(Ec-Eq+1)); for Mc < Mq it is in (2^(Ec-Eq-1) (1 + 2^-24),
-// 2^(Ec-Eq)), so fl(c / q) is above 2^(Ec-Eq-1) and at most 2^(Ec-Eq). In the range every
-// quotient is a normal number. Outside it (tiny eps, infinite or NaN amax with a NaN eps),
-// scale_pair itself. Non-rounded scales: scale_pair (two divisions).
-#ifndef TK_POW2_SCALE
-#define TK_POW2_SCALE 1
-#endif
-template <bool ROUND>
-__device__ __forceinline__ void scale_pair_fast(float amax, float eps, float q, float& sf, float& inv) {
-#if TK_POW2_SCALE
-    if constexpr (ROUND) {
-        const float c = fmaxf(amax, eps);
-        if ((c >= 0x1p-100f) & (c <= 0x1p100f)) {
-            const u32 uc = __float_as_uint(c), uq = __float_as_uint(q);
-            const int e = (int)(uc >> 23) - (int)(uq >> 23) + ((uc & 0x7FFFFFu) > (uq & 0x7FFFFFu) ? 1 : 0);
-            sf = __uint_as_float((u32)(127 + e) << 23);
-            inv = __uint_as_float((u32)(127 - e) << 23);
-            return;
-        }
-    }
-#endif
-    scale_pair<ROUND>(amax, eps, q, sf, inv);
-}
-
 // Clamp flags of one SwiGLU pair (for the counts and the backward's zeroed gradients).
 struct ClampFlags {
     bool gate, hi, lo;  // l > C, v > C, v < -C

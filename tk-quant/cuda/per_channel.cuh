@@ -136,7 +136,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
             for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
             float sf, inv;
-            tkq::scale_pair_fast<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+            tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
             inv_s[b][c] = inv;
             const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
             if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]

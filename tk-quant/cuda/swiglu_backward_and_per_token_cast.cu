@@ -173,8 +173,8 @@ __device__ __forceinline__ void backward_rows(const Params& p, float (&red)[NWAR
             ax = group_max(ax);
             ay = group_max(ay);
             float sfx, invx, sfy, invy;
-            tkq::scale_pair_fast<TK_ROUND != 0>(ax, __uint_as_float(0x38D1B717u), 448.0f, sfx, invx);
-            tkq::scale_pair_fast<TK_ROUND != 0>(ay, __uint_as_float(0x38D1B717u), 448.0f, sfy, invy);
+            tkq::scale_pair<TK_ROUND != 0>(ax, __uint_as_float(0x38D1B717u), 448.0f, sfx, invx);
+            tkq::scale_pair<TK_ROUND != 0>(ay, __uint_as_float(0x38D1B717u), 448.0f, sfy, invy);
             if (!ok) continue;
             u32 wo[4 * FPL], wx[4 * FPL], wy[4 * FPL], qx[2 * FPL], qy[2 * FPL];  // packed words of the unit
 #pragma unroll

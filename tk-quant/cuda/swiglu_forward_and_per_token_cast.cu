@@ -180,7 +180,7 @@ __device__ __forceinline__ void store_out(const Params& p, bool processed, u64 r
 
 // (sf, inv) of a group with maximum amax; a padding row gets (0, 0) (store_out zeroes its codes).
 __device__ __forceinline__ void group_scale(const Params& p, bool processed, float amax, float& sf, float& inv) {
-    tkq::scale_pair_fast<TK_ROUND != 0>(amax, p.eps, QMAX, sf, inv);
+    tkq::scale_pair<TK_ROUND != 0>(amax, p.eps, QMAX, sf, inv);
     if (!processed) sf = inv = 0.0f;
 }
 
