@@ -107,12 +107,12 @@ __device__ __forceinline__ uint4 transpose_words(const u32 (&w)[V], u32 j) {
 // One staged tile in shared memory: (band, tile row, swizzled 16-byte unit along y).
 typedef uint4 tile_t[BANDS][TX][8];
 
-// Step 1 for the tile at (x0, y0) of the (X, Y) matrix `src` (row stride `ld`, elements): this
-// thread's cp.async copies into `buf` (rows >= X - x0 and columns >= Y - y0 skipped). Issued
-// only; complete for this thread after the next `cp.async.wait_*`.
+// Step 1 for the tile at (x0, y0) of the (X, Y) matrix `src` (row stride `ld`, elements): the
+// cp.async copies of thread `t` (threadIdx.x, read once by the kernel: reading it here changed
+// sm_100a's register allocation and spilled) into `buf` (rows >= X - x0 and columns >= Y - y0
+// skipped). Issued only; complete for this thread after the next `cp.async.wait_*`.
 __device__ __forceinline__ void load_tile(tile_t& buf, const elem_t* src, u32 x0, u32 y0, u32 X, u32 Y,
-                                          u64 ld) {
-    const u32 t = threadIdx.x;
+                                          u64 ld, u32 t) {
     const u32 lr = t / 8, lu = t % 8;  // first tile row and the unit of this thread
     // This thread's first vector; the others are NT / 8 rows and whole bands further on.
     const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
@@ -125,10 +125,9 @@ __device__ __forceinline__ void load_tile(tile_t& buf, const elem_t* src, u32 x0
         }
 }
 
-// Step 2 for the tile at (x0, y0), whose copies (every thread's) have landed in `buf`: this
-// thread's tasks, written to the (Y, X) contiguous matrix `dst`.
-__device__ __forceinline__ void store_tile(const tile_t& buf, elem_t* dst, u32 x0, u32 y0, u32 X, u32 Y) {
-    const u32 t = threadIdx.x;
+// Step 2 for the tile at (x0, y0), whose copies (every thread's) have landed in `buf`: the
+// tasks of thread `t`, written to the (Y, X) contiguous matrix `dst`.
+__device__ __forceinline__ void store_tile(const tile_t& buf, elem_t* dst, u32 x0, u32 y0, u32 X, u32 Y, u32 t) {
     const u32 vx = t % LX, wy = t / LX;  // output vector and word column (0..31) of the task
     const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // swizzled unit, word in it
     // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
@@ -160,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
                                                                                 u32 batches, u32 X, u32 Y,
                                                                                 u64 ld, u64 bs) {
     __shared__ tile_t tile;
+    const u32 t = threadIdx.x;
     const u32 x0 = blockIdx.x * TX;  // tile origin along x (< X)
     const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
@@ -168,10 +168,10 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
         for (u32 ty = blockIdx.y; ty < nty; ty += gridDim.y) {
             const u32 y0 = ty * BANDS * BY;  // tile origin along y
             __syncthreads();                 // the previous tile's reads of shared memory are done
-            load_tile(tile, src, x0, y0, X, Y, ld);
+            load_tile(tile, src, x0, y0, X, Y, ld, t);
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
-            store_tile(tile, dst, x0, y0, X, Y);
+            store_tile(tile, dst, x0, y0, X, Y, t);
         }
     }
 }
@@ -187,13 +187,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
                                                                                 u32 batches, u32 X, u32 Y,
                                                                                 u64 ld, u64 bs) {
     __shared__ tile_t tile[2];
+    const u32 t = threadIdx.x;
     const u32 nx = X / TX + (X % TX != 0), ny = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
     // This block's first tile, and the step P = dx + nx * (dy + ny * db) in the same digits.
     u32 tx = blockIdx.x % nx, ty = blockIdx.x / nx % ny;
     u64 b = blockIdx.x / nx / ny;
     const u32 dx = gridDim.x % nx, dy = gridDim.x / nx % ny, db = gridDim.x / nx / ny;
     if (b >= batches) return;  // no tile for this block (the host launches at most one per tile)
-    load_tile(tile[0], in + b * bs, tx * TX, ty * (BANDS * BY), X, Y, ld);
+    load_tile(tile[0], in + b * bs, tx * TX, ty * (BANDS * BY), X, Y, ld, t);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     for (u32 s = 0;; s ^= 1) {
         // The next tile: t + P, adding digit by digit with carries (tx + dx < 2 nx and
@@ -211,11 +212,11 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
         const bool more = nb < batches;
         // Buffer s ^ 1 is free: every thread's reads of it (the previous tile) ended before the
         // barrier at the end of the last iteration.
-        if (more) load_tile(tile[s ^ 1], in + nb * bs, ntx * TX, nty * (BANDS * BY), X, Y, ld);
+        if (more) load_tile(tile[s ^ 1], in + nb * bs, ntx * TX, nty * (BANDS * BY), X, Y, ld, t);
         asm volatile("cp.async.commit_group;\n" ::: "memory");  // possibly empty
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's copies of tile s landed
         __syncthreads();                                         // and every other thread's
-        store_tile(tile[s], out + b * X * Y, tx * TX, ty * (BANDS * BY), X, Y);
+        store_tile(tile[s], out + b * X * Y, tx * TX, ty * (BANDS * BY), X, Y, t);
         if (!more) break;
         __syncthreads();  // every thread's reads of buffer s are done before it is refilled
         tx = ntx, ty = nty, b = nb;

@@ -437,8 +437,9 @@ mod gpu {
         // x's and out's buffers (views are bounds-checked at creation; the kernel reads
         // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only, the staged path's
         // bounds checks relying on its grid x being exactly its tile count along x, as
-        // tile_config() sets it), the staged path is taken only with 16-byte aligned rows, and
-        // both buffers outlive the stream-ordered launch.
+        // tile_config() sets it; the persistent grid derives every tile from its linear index
+        // and stops at the batch count), the staged paths are taken only with 16-byte aligned
+        // rows, and both buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
         Ok(())
     }
