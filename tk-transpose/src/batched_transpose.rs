@@ -229,6 +229,11 @@ mod gpu {
     /// resident blocks that deal the tiles round-robin, double-buffered (see [`Path`]).
     pub const PERSISTENT_GRID: bool = true;
 
+    /// A/B knob for mid-sized problems (`true`: the default; needs [`PERSISTENT_GRID`]): where
+    /// the one-tile grid of 32 KB "wide" tiles would run more than one wave, take the large
+    /// tiling on the persistent grid instead (`false`: the wide tiles, as before).
+    pub const PERSISTENT_MID: bool = true;
+
     /// Which kernel a launch takes.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Path {
@@ -450,7 +455,9 @@ mod gpu {
     /// `e` bands (every thread moves 64 bytes); mid-sized ones take 4 bands of the tallest piece
     /// (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
     /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block; smaller ones
-    /// 64-byte pieces in one band.
+    /// 64-byte pieces in one band. With [`PERSISTENT_MID`], mid-sized problems whose 32 KB
+    /// tiles need more than one wave (6 blocks per SM) take the large tiling on the persistent
+    /// grid instead (see [`persistent`]).
     fn pick_tiling(g: &Geometry, e: usize, sms: usize) -> Tiling {
         let blocks = |t: &Tiling| {
             let (nx, ny) = tile_counts(g, e, t);
@@ -465,7 +472,14 @@ mod gpu {
         if blocks(&large) >= 16 * sms {
             large
         } else if blocks(&wide) >= sms {
-            wide
+            // 6 blocks of 32 KB (+ 1 KB) fill an SM's 228 KB: beyond 6 per SM the one-tile
+            // grid of wide tiles runs a second, mostly empty wave (1.1-1.3 waves at 4032 x 7168
+            // and 8064 x 4096 e4m3, 4032 x 4096 and 8064 x 2048 bf16).
+            if PERSISTENT_MID && blocks(&wide) > 6 * sms && persistent(g, e, large, sms) {
+                large
+            } else {
+                wide
+            }
         } else {
             Tiling {
                 rows: Tiling::ROW_BYTES[1] / e,
@@ -480,14 +494,16 @@ mod gpu {
     }
 
     /// Whether a staged launch with tiling `t` takes the persistent grid: the knob is on, two
-    /// tiles fit a block ([`Tiling::PERSISTENT_MAX_TILE_BYTES`]) and the problem is large (at
-    /// least 16 tiles per SM, as for the large tiling of [`pick_tiling`]), where the last
-    /// partial wave and the block relaunches of the one-tile grid cost a visible share.
+    /// tiles fit a block ([`Tiling::PERSISTENT_MAX_TILE_BYTES`]) and the one-tile grid would
+    /// need more than one wave of the blocks per SM the kernel's launch bounds guarantee
+    /// (`1536 / threads`; 6 for the 16 KB tiles of 256 threads), where the last partial wave and
+    /// the block relaunches cost a share. Every problem that [`pick_tiling`] gives the large
+    /// tiling qualifies; its smaller tilings never do.
     fn persistent(g: &Geometry, e: usize, t: Tiling, sms: usize) -> bool {
         let (nx, ny) = tile_counts(g, e, &t);
         PERSISTENT_GRID
             && t.tile_bytes() <= Tiling::PERSISTENT_MAX_TILE_BYTES
-            && nx * ny * g.batches >= 16 * sms
+            && nx * ny * g.batches > 1536 / t.threads(e) * sms
     }
 
     /// Launch shape of the persistent path with `resident` blocks resident at once on the
@@ -627,10 +643,16 @@ mod gpu {
             // tiles (2 of them 4).
             let p = persistent_config(&big, 1, Tiling::new(1, 128), 132 * 6);
             assert_eq!(p.grid_dim, (706, 1, 1));
-            // 32 KB tiles never (two would not fit); small problems keep the one-tile grid.
+            // 32 KB tiles never (two would not fit); problems within one wave of the one-tile
+            // grid (6 x 132 blocks of 256 threads, 12 x 132 of 128) keep it.
             assert!(!persistent(&big, 1, Tiling { rows: 64, bands: 4 }, 132));
             assert!(!persistent(&g(4032, 576, 1), 1, Tiling::new(1, 128), 132));
-            assert!(!persistent(&g(8064, 4096, 1), 1, Tiling::new(1, 128), 132));
+            assert!(!persistent(&g(4032, 3072, 1), 1, Tiling::new(1, 128), 132));
+            assert!(!persistent(&g(4032, 2048, 1), 1, Tiling::new(1, 64), 132));
+            assert_eq!(
+                persistent(&g(8064, 4096, 1), 1, Tiling::new(1, 128), 132),
+                PERSISTENT_GRID
+            );
             assert_eq!(
                 persistent(&g(8064, 576, 32), 2, Tiling::new(2, 128), 132),
                 PERSISTENT_GRID
@@ -673,6 +695,21 @@ mod gpu {
             assert_eq!(pick_tiling(&g(4032, 3072), 1, 132), wide(1));
             assert_eq!(pick_tiling(&g(4032, 576), 2, 132), wide(2));
             assert_eq!(pick_tiling(&g(4032, 2560), 2, 132), wide(2));
+            // More than one wave of wide tiles (> 6 x 132): the large tiling on the persistent
+            // grid with PERSISTENT_MID.
+            let mid = |e: usize| {
+                if PERSISTENT_GRID && PERSISTENT_MID {
+                    Tiling::new(e, 128)
+                } else {
+                    wide(e)
+                }
+            };
+            assert_eq!(pick_tiling(&g(4032, 7168), 1, 132), mid(1));
+            assert_eq!(pick_tiling(&g(8064, 4096), 1, 132), mid(1));
+            assert_eq!(pick_tiling(&g(4032, 4096), 2, 132), mid(2));
+            assert_eq!(pick_tiling(&g(8064, 2048), 2, 132), mid(2));
+            assert_eq!(pick_tiling(&g(4032, 6144), 1, 132), wide(1));
+            assert_eq!(pick_tiling(&g(8064, 3072), 1, 132), wide(1));
             // 4032 x 576 e4m3 has 126 wide tiles for 132 SMs: one band.
             assert_eq!(pick_tiling(&g(4032, 576), 1, 132), narrow(1));
             assert_eq!(pick_tiling(&g(16, 16), 4, 132), narrow(4));

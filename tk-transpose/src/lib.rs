@@ -25,5 +25,5 @@ pub mod reference;
 pub use batched_transpose::{
     batched_transpose, batched_transpose_into, batched_transpose_into_tiled, prewarm,
     registered_kernels, transpose, transpose_into, transpose_into_tiled, Path, Tiling,
-    PERSISTENT_GRID,
+    PERSISTENT_GRID, PERSISTENT_MID,
 };

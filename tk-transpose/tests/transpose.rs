@@ -259,14 +259,15 @@ fn every_tiling<T: Element>(dev: &Device, dtype: &str) {
     println!("{dtype}: {n} tilings bit-exact");
 }
 
-/// The persistent grid (`Path::Persistent`: large problems, tiles of at most 16 KB) under every
-/// tiling it takes: about 41 MB of input, so even 16 KB tiles number more than 16 per SM on
-/// up to 148 SMs; partial tiles along both axes, padded rows and batch stride, several tiles
-/// per block and blocks whose tiles cross batch boundaries. Bit-exact against the CPU reference.
+/// The persistent grid (`Path::Persistent`: tiles of at most 16 KB, more than one wave of the
+/// one-tile grid) under every tiling it takes: about 58 MB of input, so every tiling has more
+/// than 24 tiles per SM (the most blocks per SM any tiling guarantees) on up to 148 SMs; partial
+/// tiles along both axes, padded rows and batch stride, several tiles per block and blocks
+/// whose tiles cross batch boundaries. Bit-exact against the CPU reference.
 fn persistent_tilings<T: Element>(dev: &Device, dtype: &str) {
     let e = std::mem::size_of::<T>();
     let v = 16 / e;
-    let (b, x, rows, y) = (5, 2000, 2003, 4112 / e);
+    let (b, x, rows, y) = (7, 2000, 2003, 4112 / e);
     let case = format!(
         "persistent tiled batched_transpose B={b} X={x} Y={y} rows/batch={rows} row stride {} {dtype}",
         y + v
