@@ -415,7 +415,12 @@ mod gpu {
         let cfg = match path {
             Path::Staged(t) => tile_config(&g, e, t),
             Path::Persistent(t) => {
-                // Blocks resident at once (a driver query on the loaded function, no sync).
+                // Blocks resident at once (a driver query on the loaded function, no sync; the
+                // function may come from the in-memory cache, so make its context current here).
+                dev.stream()
+                    .context()
+                    .bind_to_thread()
+                    .ctx("binding the CUDA context")?;
                 let per_sm = f
                     .occupancy_max_active_blocks_per_multiprocessor(t.threads(e) as u32, 0, None)
                     .ctx("querying the occupancy of tk_batched_transpose")?;
