@@ -293,17 +293,14 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 #error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
 #endif
 
-// TK_SF_WORD (default 1; 0 for the A/B comparison): per-token scales in layout C go out as whole
-// int32 words, or halves of them, when a tile row spans SF_G = 4 (or 2) or more blocks (it then
-// starts at a multiple of SF_G blocks: each group of SF_G bytes of layout C lies in one warp).
-// store_sf's byte path costs the warp ~35 issued instructions per row (64-bit address math, the
-// padding checks; divergent: 32 / LK lanes store) and one byte store per block; here one or two
-// shuffles gather the SF_G exponent bytes and one lane in SF_G * LK stores them.
-#ifndef TK_SF_WORD
-#define TK_SF_WORD 1
-#endif
+// Per-token scales in layout C go out as whole int32 words, or halves of them, when a tile row
+// spans SF_G = 4 (or 2) or more blocks (it then starts at a multiple of SF_G blocks: each group of
+// SF_G bytes of layout C lies in one warp). store_sf's byte path costs the warp ~35 issued
+// instructions per row (64-bit address math, the padding checks; divergent: 32 / LK lanes store)
+// and one byte store per block; here one or two shuffles gather the SF_G exponent bytes and one
+// lane in SF_G * LK stores them (H200: faster than the byte path).
 constexpr int SF_G = TKC / TK_BK >= 4 ? 4 : TKC / TK_BK;  // blocks per scale store
-constexpr bool SF_WORDS = TK_SF_WORD && TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
+constexpr bool SF_WORDS = TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
 
 #if TK_MODE != 2
 // Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
