@@ -302,6 +302,30 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 constexpr int SF_G = TKC / TK_BK >= 4 ? 4 : TKC / TK_BK;  // blocks per scale store
 constexpr bool SF_WORDS = TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
 
+// TK_AMAX_PAIR (default 1; 0 for the A/B comparison): per-token tiles of bf16 input reduce the
+// group maxima of two rows at once. A bf16 |x| maximum is itself a bf16, so rows i and i + 1
+// travel as one packed pair through the LK-lane butterfly: one SHFL and one max.bf16x2 per level
+// for two rows instead of a SHFL and an FMNMX per row (npc=128, FK 1: 4 levels, 8 SHFL + 8 FMNMX
+// fewer per 4 rows), and the two rows' lane maxima are folded by 2 PRMT + 1 max.bf16x2 instead
+// of 2 x (2 unpacks + 2 FMNMX). max.bf16x2 ignores NaN like fmaxf; a group of NaN only gives NaN
+// instead of 0, and compute_scale maps both to eps (fmaxf(amax, eps)): the same scales.
+#ifndef TK_AMAX_PAIR
+#define TK_AMAX_PAIR 1
+#endif
+constexpr bool AMAX_PAIRS = TK_AMAX_PAIR && TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 == 0;
+
+#if TK_IN == 1
+// (2,) bf16 lane-wise max of |x| over the FK fragments of one row (NaN ignored, +0 if none).
+__device__ __forceinline__ u32 row_amax2(const Raw* raw) {
+    u32 m = tkq::bf16x2_abs(raw[0].w[0]);
+#pragma unroll
+    for (int f = 0; f < FK; ++f)
+#pragma unroll
+        for (int w = f == 0 ? 1 : 0; w < RAW_WORDS; ++w) m = bf16x2_max(m, tkq::bf16x2_abs(raw[f].w[w]));
+    return m;
+}
+#endif
+
 #if TK_MODE != 2
 // Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
 // whole warp, uniformly). Lanes lx, lx + LK (, lx + 2 LK, lx + 3 LK) hold the SF_G blocks
@@ -354,6 +378,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #if TK_BM == 1 && TK_MODE != 2
             // Per-token blocks: one row at a time (amax, scale, cast), so that only the raw
             // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
+            float apair[AMAX_PAIRS ? 2 : 1];  // group maxima of rows i, i + 1 (AMAX_PAIRS, even i)
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const bool row_ok = col_ok && r0 + i < PM;
@@ -368,13 +393,30 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[f][j]));
                 }
-#else
-                float a = frag_amax(p, raw[i * FK], r0 + i, c0);
-#pragma unroll
-                for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
-#endif
 #pragma unroll
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+#else
+                float a;
+                if constexpr (AMAX_PAIRS) {
+#if TK_IN == 1
+                    if (i % 2 == 0) {
+                        const u32 m0 = row_amax2(raw + i * FK), m1 = row_amax2(raw + (i + 1) * FK);  // (2,) lane maxima of rows i, i + 1
+                        u32 pm = bf16x2_max(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));  // (row i, row i + 1)
+#pragma unroll
+                        for (int o = 1; o < LK; o <<= 1) pm = bf16x2_max(pm, __shfl_xor_sync(0xFFFFFFFFu, pm, o));
+                        apair[0] = __uint_as_float(pm << 16);
+                        apair[1] = __uint_as_float(pm & 0xFFFF0000u);
+                    }
+#endif
+                    a = apair[i % 2];
+                } else {
+                    a = frag_amax(p, raw[i * FK], r0 + i, c0);
+#pragma unroll
+                    for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
+#pragma unroll
+                    for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+                }
+#endif
                 float sf, inv;
                 compute_scale(a, sf, inv);
                 if constexpr (SF_WORDS) {
