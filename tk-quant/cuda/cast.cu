@@ -357,12 +357,14 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const ix tiles_m = (PM + TM - 1) / TM, tiles_k = (PK + TKC - 1) / TKC;
-    // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands);
-    // taller blocks: grid x walks row tiles.
-    const ix gx = TK_BM == 1 ? tiles_k : tiles_m;
-    for (ix ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
-        for (ix tx = blockIdx.x; tx < gx; tx += gridDim.x) {
-            const ix tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
+    // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands), y row
+    // tiles; taller blocks: x row tiles, y column tiles. Column tiles are the outer loop, so a CTA
+    // that walks several row tiles (per-token: the host's PT_ROW_TILES) keeps the column-dependent
+    // work (column indices and masks, the scale column offsets) out of its row loop.
+    const ix k_first = TK_BM == 1 ? blockIdx.x : blockIdx.y, k_step = TK_BM == 1 ? gridDim.x : gridDim.y;
+    const ix m_first = TK_BM == 1 ? blockIdx.y : blockIdx.x, m_step = TK_BM == 1 ? gridDim.y : gridDim.x;
+    for (ix tk = k_first; tk < tiles_k; tk += k_step) {
+        for (ix tm = m_first; tm < tiles_m; tm += m_step) {
             const ix c0 = tk * TKC + lx * FK * VEC;              // first column of this thread's fragments
             const ix r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < PK;

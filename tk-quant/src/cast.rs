@@ -207,6 +207,16 @@ fn fits_idx32(a: &CastArgs) -> bool {
 /// flight.
 const QUANT_MIN_BLOCKS: usize = 3;
 
+/// Row tiles each CTA of a per-token tiled cast walks (A/B knob: 1 is the previous grid, one
+/// tile per CTA). A per-token tile is only 4 fragments per thread, and the kernel spent about as
+/// many instructions on the tile's setup (block and thread indices, 64-bit column offsets, the
+/// masks, the layout-C scale column address) as on a row's amax, scale and cast (SASS sm_90a,
+/// bf16 -> e4m3 npc=128: ~150 of ~330 issued per tile before the first row's data); the column
+/// tile is the kernel's outer loop, so the row loop keeps that work hoisted. 4 keeps ~3 waves
+/// of CTAs at 8001x7168 (251 row tiles x 28 column tiles / 4 over 528 slots), so the hardware
+/// scheduler still balances the tail.
+const PT_ROW_TILES: usize = 4;
+
 /// Lanes of a warp along K on the tiled path for block `(bm, bk)` with `vec` elements per
 /// fragment: 32 for per-token blocks; for taller blocks, as many as give each thread 4 to 8
 /// rows (`bm / (8 warps · 32/LX)`), but at least a column block's worth (`bk / vec`).
@@ -406,11 +416,12 @@ impl CastKernel {
                 };
                 let tk = self.lx() * self.vec() * self.fk();
                 LaunchConfig {
-                    // Per-token: x along column tiles, y along row tiles; else the reverse.
+                    // Per-token: x along column tiles, y along row tiles (each CTA walks up to
+                    // PT_ROW_TILES of them); else the reverse.
                     grid_dim: if self.block.0 == 1 {
                         (
                             plan.k.div_ceil(tk).min(big) as u32,
-                            plan.m.div_ceil(tm).min(65535) as u32,
+                            plan.m.div_ceil(tm).div_ceil(PT_ROW_TILES).min(65535) as u32,
                             1,
                         )
                     } else {
