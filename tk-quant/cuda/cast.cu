@@ -326,29 +326,59 @@ __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
 }
 #endif
 
+// TK_SF_PAD_TILE (default 1; 0 for the A/B comparison): the row padding of layout C (zero words
+// in rows nbm..ra below the last row) is written once per tile, after the row loop, by the lanes
+// holding row nbm - 1, instead of being tested for in every row's scale store: the test
+// r + 1 == nbm and the padding loop's bounds cost ~15 issued instructions per row (64-bit
+// compares, the loop's trip count computed ahead of the branch; SASS sm_90a, bf16 -> e4m3
+// npc=128). The same bytes, each written once.
+#ifndef TK_SF_PAD_TILE
+#define TK_SF_PAD_TILE 1
+#endif
+
 #if TK_MODE != 2
+// The layout-C word column of this lane's block (SF_WORDS): lane lx % (SF_G LK) == 0 writes
+// rows of it with put(row, v), a whole int32, or the half word of its pair of blocks.
+struct SfWordColumn {
+    u8* s;       // (ra, 4) bytes of word column kb / 4
+    ix half;     // byte offset of the pair in the word (kb % 4)
+    bool whole;  // the store covers the whole word
+    __device__ __forceinline__ SfWordColumn(const Params& p, ix c0) {
+        const ix kb = c0 / TK_BK;
+        s = reinterpret_cast<u8*>(p.sf) + 4 * ((u64)(kb / 4) * PRA);
+        half = kb % 4;
+        whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
+    }
+    __device__ __forceinline__ void put(ix row, u32 v) const {
+        if (whole) *reinterpret_cast<u32*>(s + 4 * (u64)row) = v;
+        else *reinterpret_cast<u16*>(s + 4 * (u64)row + half) = (u16)v;
+    }
+};
+
 // Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
 // whole warp, uniformly). Lanes lx, lx + LK (, lx + 2 LK, lx + 3 LK) hold the SF_G blocks
 // kb.. of one store of layout C (storage (ceil(nbk/4), ra) int32 as bytes); lane lx % (SF_G LK)
 // == 0 writes them, with zero bytes for blocks >= nbk (their lanes have c0 >= K). A pair in the
 // low half of a word whose high half holds only blocks >= nbk (no other writer) writes the whole
-// word, zeros above: the column padding. The last row also writes zeros in rows nbm..ra (the row
-// padding). The same bytes as store_scale<2>.
+// word, zeros above: the column padding. The row padding: store_sf_word_pad (TK_SF_PAD_TILE), or
+// here by the last row. The same bytes as store_scale<2>.
 __device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 lx, bool row_ok, float sf) {
     u32 w = c0 < PK ? __float_as_uint(sf) >> 23 : 0u;  // this lane's UE8M0 byte (sf > 0)
     w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;     // bytes of blocks kb, kb + 1
     if constexpr (SF_G == 4) w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // kb .. kb + 3
     if (!row_ok || lx % (SF_G * LK) != 0) return;
-    const ix kb = c0 / TK_BK;
-    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * ((u64)(kb / 4) * PRA);  // (ra, 4) bytes of word column kb / 4
-    const bool whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
-    const auto put = [&](ix row, u32 v) {
-        if (whole) *reinterpret_cast<u32*>(s + 4 * (u64)row) = v;
-        else *reinterpret_cast<u16*>(s + 4 * (u64)row + kb % 4) = (u16)v;
-    };
-    put(r, w);
-    if (r + 1 == PNBM)
-        for (ix r2 = PNBM; r2 < PRA; ++r2) put(r2, 0u);
+    const SfWordColumn col(p, c0);
+    col.put(r, w);
+    if (!TK_SF_PAD_TILE && r + 1 == PNBM)
+        for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
+}
+
+// The row padding of this lane's word column (SF_WORDS, TK_SF_PAD_TILE): zeros in rows nbm..ra,
+// written by the lane that stores row nbm - 1's word (col_ok, lx % (SF_G LK) == 0).
+__device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx) {
+    if (c0 >= PK || lx % (SF_G * LK) != 0) return;
+    const SfWordColumn col(p, c0);
+    for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
 }
 #endif
 
@@ -441,6 +471,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #endif
                 }
 #endif
+            }
+            if constexpr (SF_WORDS && TK_SF_PAD_TILE) {
+                if (r0 < PNBM && PNBM <= r0 + RPT) store_sf_word_pad(p, c0, lx);  // this thread holds row nbm - 1
             }
             continue;
 #endif
