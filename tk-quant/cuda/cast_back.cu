@@ -127,7 +127,17 @@ __device__ __forceinline__ Raw second_half(const Raw& a) {
 // straight from e2m1_value_m126: one FMUL per value instead of two (H200: e2m1 -> bf16 50.8 ->
 // 39.2 us). Other scales (large, infinite, NaN) take the two exact multiplies. bf16 output
 // only: the test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs.
-constexpr bool E2M1_FUSED = TK_IN == 3 && TK_OUT == 1 && SCALES_PER_STORE == 1;
+// TK_CB_FUSED_TASK (default 1; 0 for the A/B comparison): for fp32 output with TASK_WORDS the
+// test is made once per task on its scale words (every UE8M0 byte <= 128, i.e. |s| < 4; warp-
+// uniform), so fp32 output takes the fused multiply too: per 4-value store 4 FMULs fewer for one
+// FMUL of s * 2^126 and a uniform branch (SASS sm_90a, e2m1 -> fp32 npc=128: ~42 -> ~37 issued
+// per store). bf16 output keeps its per-store test: with the task test ptxas recomputed the
+// word check at every store (7 instructions instead of 2).
+#ifndef TK_CB_FUSED_TASK
+#define TK_CB_FUSED_TASK 1
+#endif
+constexpr bool FUSED_TASK = TK_CB_FUSED_TASK && TK_IN == 3 && TK_OUT == 0 && TASK_WORDS;
+constexpr bool E2M1_FUSED = TK_IN == 3 && SCALES_PER_STORE == 1 && (TK_OUT == 1 || FUSED_TASK);
 
 // Value q (< OUT_VEC) of the fragment src, decoded to fp32 (exact). e2m1: tkq::e2m1_value
 // (subnormal placement + one exact FMUL: ~5 instructions per value instead of decode_elem's
@@ -180,6 +190,13 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
             for (int i = 0; i < NW; ++i)
                 sw[i] = 4 * (w0 + i) * TK_BK < p.k ? __ldg(reinterpret_cast<const u32*>(p.x_sf) + (r / TK_BM) * p.xsf_s0 + (w0 + i) * p.xsf_s1) : 0u;
         }
+        bool fused_task = false;  // FUSED_TASK: every scale of the task has |s| < 4 (UE8M0 byte <= 128)
+        if constexpr (FUSED_TASK) {
+            u32 big = 0;  // bit 7 of a byte: that byte is > 0x80 (bit 7 set and low bits nonzero)
+#pragma unroll
+            for (int i = 0; i < NW; ++i) big |= sw[i] & ((sw[i] & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
+            fused_task = big == 0;
+        }
 #pragma unroll
         for (int j = 0; j < TK_J; ++j) {
             const u64 c = c_task + j * STEP + lane * VEC;
@@ -216,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
                     s.s[0] = __uint_as_float(((w >> (8 * (g % 4))) & 0xFFu) << 23);  // in_scale's UE8M0 decode
                 }
                 float v[OUT_VEC];  // (OUT_VEC,) dequantized values of row r from column cs
-                if (E2M1_FUSED && fabsf(s.s[0]) < 4.0f) {
+                if (E2M1_FUSED && (FUSED_TASK ? fused_task : fabsf(s.s[0]) < 4.0f)) {
                     // s * 2^126 is exact and finite, so the one rounding of
                     // (value * 2^-126) * (s * 2^126) is that of value * s.
                     const float s126 = __fmul_rn(s.s[0], 0x1p126f);
