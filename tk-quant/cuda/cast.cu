@@ -336,6 +336,17 @@ __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
 #define TK_SF_PAD_TILE 1
 #endif
 
+// TK_ROWPTR (default 1; 0 for the A/B comparison; vector accesses only): a tile's input rows are
+// addressed from one row pointer (at the thread's first column, computed once per column tile)
+// stepped by the row stride in bytes, instead of r * ldx + c per fragment: the SASS of
+// per-token bf16 -> e4m3 npc=128 formed each of the 4 row addresses from scratch (64-bit
+// multiply, the column offset shifted and masked again under each load's predicate: ~70 issued
+// instructions for the tile's 4 loads).
+#ifndef TK_ROWPTR
+#define TK_ROWPTR 1
+#endif
+#define ROWPTR (TK_ROWPTR && TK_VECIO)  // element accesses keep load_frag (per-channel blocks spilled)
+
 #if TK_MODE != 2
 // The layout-C word column of this lane's block (SF_WORDS): lane lx % (SF_G LK) == 0 writes
 // rows of it with put(row, v), a whole int32, or the half word of its pair of blocks.
@@ -391,22 +402,39 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     // tiles; taller blocks: x row tiles, y column tiles. Column tiles are the outer loop, so a CTA
     // that walks several row tiles (per-token: the host's PT_ROW_TILES) keeps the column-dependent
     // work (column indices and masks, the scale column offsets) out of its row loop.
+#if ROWPTR
+    const u64 ldx_bytes = (u64)PLDX * IN_STORAGE_BYTES;  // bytes between input rows
+#endif
     const ix k_first = TK_BM == 1 ? blockIdx.x : blockIdx.y, k_step = TK_BM == 1 ? gridDim.x : gridDim.y;
     const ix m_first = TK_BM == 1 ? blockIdx.y : blockIdx.x, m_step = TK_BM == 1 ? gridDim.y : gridDim.x;
     for (ix tk = k_first; tk < tiles_k; tk += k_step) {
+#if ROWPTR
+        const u8* xcol = reinterpret_cast<const u8*>(p.x) + (u64)(tk * TKC + lx * FK * VEC) * IN_BITS / 8;  // row 0 of x at this thread's first column
+#endif
         for (ix tm = m_first; tm < tiles_m; tm += m_step) {
             const ix c0 = tk * TKC + lx * FK * VEC;              // first column of this thread's fragments
             const ix r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < PK;
             Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
+#if ROWPTR
+            const u8* xrow = xcol + (u64)r0 * ldx_bytes;  // row r0 of x from this thread's first column
+#endif
 #pragma unroll
-            for (int i = 0; i < RPT; ++i)
+            for (int i = 0; i < RPT; ++i) {
 #pragma unroll
                 for (int f = 0; f < FK; ++f) {
                     Raw& rf = raw[i * FK + f];
+#if ROWPTR
+                    if (c0 + f * VEC < PK && r0 + i < PM) rf = load_frag_at(xrow, PK, f * VEC);
+#else
                     if (c0 + f * VEC < PK && r0 + i < PM) rf = load_frag(reinterpret_cast<const void*>(p.x), PLDX, PK, r0 + i, c0 + f * VEC);
+#endif
                     else for (int w = 0; w < RAW_WORDS; ++w) rf.w[w] = 0;
                 }
+#if ROWPTR
+                xrow += ldx_bytes;
+#endif
+            }
 #if TK_BM == 1 && TK_MODE != 2
             // Per-token blocks: one row at a time (amax, scale, cast), so that only the raw
             // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
