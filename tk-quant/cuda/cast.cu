@@ -293,41 +293,103 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 #error "TK_MINB (minimum resident CTAs per SM, for the register budget) must be defined"
 #endif
 
-// TK_SF_WORD (default 1; 0 for the A/B comparison): per-token scales in layout C go out as whole
-// int32 words, or halves of them, when a tile row spans SF_G = 4 (or 2) or more blocks (it then
-// starts at a multiple of SF_G blocks: each group of SF_G bytes of layout C lies in one warp).
-// store_sf's byte path costs the warp ~35 issued instructions per row (64-bit address math, the
-// padding checks; divergent: 32 / LK lanes store) and one byte store per block; here one or two
-// shuffles gather the SF_G exponent bytes and one lane in SF_G * LK stores them.
-#ifndef TK_SF_WORD
-#define TK_SF_WORD 1
-#endif
+// Per-token scales in layout C go out as whole int32 words, or halves of them, when a tile row
+// spans SF_G = 4 (or 2) or more blocks (it then starts at a multiple of SF_G blocks: each group of
+// SF_G bytes of layout C lies in one warp). store_sf's byte path costs the warp ~35 issued
+// instructions per row (64-bit address math, the padding checks; divergent: 32 / LK lanes store)
+// and one byte store per block; here one or two shuffles gather the SF_G exponent bytes and one
+// lane in SF_G * LK stores them (H200: faster than the byte path).
 constexpr int SF_G = TKC / TK_BK >= 4 ? 4 : TKC / TK_BK;  // blocks per scale store
-constexpr bool SF_WORDS = TK_SF_WORD && TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
+constexpr bool SF_WORDS = TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
+
+// TK_AMAX_PAIR (default 1; 0 for the A/B comparison): per-token tiles of bf16 input reduce the
+// group maxima of two rows at once. A bf16 |x| maximum is itself a bf16, so rows i and i + 1
+// travel as one packed pair through the LK-lane butterfly: one SHFL and one max.bf16x2 per level
+// for two rows instead of a SHFL and an FMNMX per row (npc=128, FK 1: 4 levels, 8 SHFL + 8 FMNMX
+// fewer per 4 rows), and the two rows' lane maxima are folded by 2 PRMT + 1 max.bf16x2 instead
+// of 2 x (2 unpacks + 2 FMNMX). max.bf16x2 ignores NaN like fmaxf; a group of NaN only gives NaN
+// instead of 0, and compute_scale maps both to eps (fmaxf(amax, eps)): the same scales.
+#ifndef TK_AMAX_PAIR
+#define TK_AMAX_PAIR 1
+#endif
+constexpr bool AMAX_PAIRS = TK_AMAX_PAIR && TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 == 0;
+
+#if TK_IN == 1
+// (2,) bf16 lane-wise max of |x| over the FK fragments of one row (NaN ignored, +0 if none).
+__device__ __forceinline__ u32 row_amax2(const Raw* raw) {
+    u32 m = tkq::bf16x2_abs(raw[0].w[0]);
+#pragma unroll
+    for (int f = 0; f < FK; ++f)
+#pragma unroll
+        for (int w = f == 0 ? 1 : 0; w < RAW_WORDS; ++w) m = bf16x2_max(m, tkq::bf16x2_abs(raw[f].w[w]));
+    return m;
+}
+#endif
+
+// TK_SF_PAD_TILE (default 1; 0 for the A/B comparison): the row padding of layout C (zero words
+// in rows nbm..ra below the last row) is written once per tile, after the row loop, by the lanes
+// holding row nbm - 1, instead of being tested for in every row's scale store: the test
+// r + 1 == nbm and the padding loop's bounds cost ~15 issued instructions per row (64-bit
+// compares, the loop's trip count computed ahead of the branch; SASS sm_90a, bf16 -> e4m3
+// npc=128). The same bytes, each written once.
+#ifndef TK_SF_PAD_TILE
+#define TK_SF_PAD_TILE 1
+#endif
+
+// TK_ROWPTR (default 1; 0 for the A/B comparison; vector accesses only): a tile's input rows are
+// addressed from one row pointer (at the thread's first column, computed once per column tile)
+// stepped by the row stride in bytes, instead of r * ldx + c per fragment: the SASS of
+// per-token bf16 -> e4m3 npc=128 formed each of the 4 row addresses from scratch (64-bit
+// multiply, the column offset shifted and masked again under each load's predicate: ~70 issued
+// instructions for the tile's 4 loads).
+#ifndef TK_ROWPTR
+#define TK_ROWPTR 1
+#endif
+#define ROWPTR (TK_ROWPTR && TK_VECIO)  // element accesses keep load_frag (per-channel blocks spilled)
 
 #if TK_MODE != 2
+// The layout-C word column of this lane's block (SF_WORDS): lane lx % (SF_G LK) == 0 writes
+// rows of it with put(row, v), a whole int32, or the half word of its pair of blocks.
+struct SfWordColumn {
+    u8* s;       // (ra, 4) bytes of word column kb / 4
+    ix half;     // byte offset of the pair in the word (kb % 4)
+    bool whole;  // the store covers the whole word
+    __device__ __forceinline__ SfWordColumn(const Params& p, ix c0) {
+        const ix kb = c0 / TK_BK;
+        s = reinterpret_cast<u8*>(p.sf) + 4 * ((u64)(kb / 4) * PRA);
+        half = kb % 4;
+        whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
+    }
+    __device__ __forceinline__ void put(ix row, u32 v) const {
+        if (whole) *reinterpret_cast<u32*>(s + 4 * (u64)row) = v;
+        else *reinterpret_cast<u16*>(s + 4 * (u64)row + half) = (u16)v;
+    }
+};
+
 // Stores the scale sf of this lane's block of row r (per-token blocks, SF_WORDS; called by the
 // whole warp, uniformly). Lanes lx, lx + LK (, lx + 2 LK, lx + 3 LK) hold the SF_G blocks
 // kb.. of one store of layout C (storage (ceil(nbk/4), ra) int32 as bytes); lane lx % (SF_G LK)
 // == 0 writes them, with zero bytes for blocks >= nbk (their lanes have c0 >= K). A pair in the
 // low half of a word whose high half holds only blocks >= nbk (no other writer) writes the whole
-// word, zeros above: the column padding. The last row also writes zeros in rows nbm..ra (the row
-// padding). The same bytes as store_scale<2>.
+// word, zeros above: the column padding. The row padding: store_sf_word_pad (TK_SF_PAD_TILE), or
+// here by the last row. The same bytes as store_scale<2>.
 __device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 lx, bool row_ok, float sf) {
     u32 w = c0 < PK ? __float_as_uint(sf) >> 23 : 0u;  // this lane's UE8M0 byte (sf > 0)
     w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;     // bytes of blocks kb, kb + 1
     if constexpr (SF_G == 4) w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // kb .. kb + 3
     if (!row_ok || lx % (SF_G * LK) != 0) return;
-    const ix kb = c0 / TK_BK;
-    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * ((u64)(kb / 4) * PRA);  // (ra, 4) bytes of word column kb / 4
-    const bool whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
-    const auto put = [&](ix row, u32 v) {
-        if (whole) *reinterpret_cast<u32*>(s + 4 * (u64)row) = v;
-        else *reinterpret_cast<u16*>(s + 4 * (u64)row + kb % 4) = (u16)v;
-    };
-    put(r, w);
-    if (r + 1 == PNBM)
-        for (ix r2 = PNBM; r2 < PRA; ++r2) put(r2, 0u);
+    const SfWordColumn col(p, c0);
+    col.put(r, w);
+    if (!TK_SF_PAD_TILE && r + 1 == PNBM)
+        for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
+}
+
+// The row padding of this lane's word column (SF_WORDS, TK_SF_PAD_TILE): zeros in rows nbm..ra,
+// written by the lane that stores row nbm - 1's word (col_ok, lx % (SF_G LK) == 0).
+__device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx) {
+    if (c0 >= PK || lx % (SF_G * LK) != 0) return;
+    const SfWordColumn col(p, c0);
+    for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
 }
 #endif
 
@@ -336,27 +398,47 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const ix tiles_m = (PM + TM - 1) / TM, tiles_k = (PK + TKC - 1) / TKC;
-    // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands);
-    // taller blocks: grid x walks row tiles.
-    const ix gx = TK_BM == 1 ? tiles_k : tiles_m;
-    for (ix ty = blockIdx.y; ty < (TK_BM == 1 ? tiles_m : tiles_k); ty += gridDim.y) {
-        for (ix tx = blockIdx.x; tx < gx; tx += gridDim.x) {
-            const ix tm = TK_BM == 1 ? ty : tx, tk = TK_BM == 1 ? tx : ty;
+    // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands), y row
+    // tiles; taller blocks: x row tiles, y column tiles. Column tiles are the outer loop, so a CTA
+    // that walks several row tiles (per-token: the host's PT_ROW_TILES) keeps the column-dependent
+    // work (column indices and masks, the scale column offsets) out of its row loop.
+#if ROWPTR
+    const u64 ldx_bytes = (u64)PLDX * IN_STORAGE_BYTES;  // bytes between input rows
+#endif
+    const ix k_first = TK_BM == 1 ? blockIdx.x : blockIdx.y, k_step = TK_BM == 1 ? gridDim.x : gridDim.y;
+    const ix m_first = TK_BM == 1 ? blockIdx.y : blockIdx.x, m_step = TK_BM == 1 ? gridDim.y : gridDim.x;
+    for (ix tk = k_first; tk < tiles_k; tk += k_step) {
+#if ROWPTR
+        const u8* xcol = reinterpret_cast<const u8*>(p.x) + (u64)(tk * TKC + lx * FK * VEC) * IN_BITS / 8;  // row 0 of x at this thread's first column
+#endif
+        for (ix tm = m_first; tm < tiles_m; tm += m_step) {
             const ix c0 = tk * TKC + lx * FK * VEC;              // first column of this thread's fragments
             const ix r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
             const bool col_ok = c0 < PK;
             Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
+#if ROWPTR
+            const u8* xrow = xcol + (u64)r0 * ldx_bytes;  // row r0 of x from this thread's first column
+#endif
 #pragma unroll
-            for (int i = 0; i < RPT; ++i)
+            for (int i = 0; i < RPT; ++i) {
 #pragma unroll
                 for (int f = 0; f < FK; ++f) {
                     Raw& rf = raw[i * FK + f];
+#if ROWPTR
+                    if (c0 + f * VEC < PK && r0 + i < PM) rf = load_frag_at(xrow, PK, f * VEC);
+#else
                     if (c0 + f * VEC < PK && r0 + i < PM) rf = load_frag(reinterpret_cast<const void*>(p.x), PLDX, PK, r0 + i, c0 + f * VEC);
+#endif
                     else for (int w = 0; w < RAW_WORDS; ++w) rf.w[w] = 0;
                 }
+#if ROWPTR
+                xrow += ldx_bytes;
+#endif
+            }
 #if TK_BM == 1 && TK_MODE != 2
             // Per-token blocks: one row at a time (amax, scale, cast), so that only the raw
             // fragments stay live across rows (fewer registers: more CTAs, more loads in flight).
+            float apair[AMAX_PAIRS ? 2 : 1];  // group maxima of rows i, i + 1 (AMAX_PAIRS, even i)
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const bool row_ok = col_ok && r0 + i < PM;
@@ -371,13 +453,30 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) a = fmaxf(a, fabsf(v[f][j]));
                 }
-#else
-                float a = frag_amax(p, raw[i * FK], r0 + i, c0);
-#pragma unroll
-                for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
-#endif
 #pragma unroll
                 for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+#else
+                float a;
+                if constexpr (AMAX_PAIRS) {
+#if TK_IN == 1
+                    if (i % 2 == 0) {
+                        const u32 m0 = row_amax2(raw + i * FK), m1 = row_amax2(raw + (i + 1) * FK);  // (2,) lane maxima of rows i, i + 1
+                        u32 pm = bf16x2_max(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));  // (row i, row i + 1)
+#pragma unroll
+                        for (int o = 1; o < LK; o <<= 1) pm = bf16x2_max(pm, __shfl_xor_sync(0xFFFFFFFFu, pm, o));
+                        apair[0] = __uint_as_float(pm << 16);
+                        apair[1] = __uint_as_float(pm & 0xFFFF0000u);
+                    }
+#endif
+                    a = apair[i % 2];
+                } else {
+                    a = frag_amax(p, raw[i * FK], r0 + i, c0);
+#pragma unroll
+                    for (int f = 1; f < FK; ++f) a = fmaxf(a, frag_amax(p, raw[i * FK + f], r0 + i, c0 + f * VEC));
+#pragma unroll
+                    for (int o = 1; o < LK; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+                }
+#endif
                 float sf, inv;
                 compute_scale(a, sf, inv);
                 if constexpr (SF_WORDS) {
@@ -400,6 +499,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #endif
                 }
 #endif
+            }
+            if constexpr (SF_WORDS && TK_SF_PAD_TILE) {
+                if (r0 < PNBM && PNBM <= r0 + RPT) store_sf_word_pad(p, c0, lx);  // this thread holds row nbm - 1
             }
             continue;
 #endif

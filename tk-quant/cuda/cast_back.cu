@@ -52,6 +52,24 @@ constexpr bool TASK_SCALE = TK_BK % SEG == 0;  // one scale block holds a whole 
 static_assert(PAIR == 1 || (PAIR == 2 && TK_IN != 2), "e4m3 fragments are one store wide");
 static_assert(!TK_SF_VEC || (TK_IN_SF == 0 && TK_BK == 1), "vector scale loads need fp32 scales and TK_BK == 1");
 
+// TK_CB_WORDS (default 1; 0 for the A/B comparison): packed UE8M0 scales with one scale per
+// store whose groups of a task span whole int32 words (SEG a multiple of 4 * BK: npc=128 tasks
+// of 512 or 1024 columns, 1 or 2 words) are read as those NW words, once per task and warp-
+// uniform, and each store cuts its exponent byte out of them (a shift and a mask), instead of
+// one byte load per store with its own 64-bit address arithmetic (SASS sm_90a, e4m3 -> fp32
+// npc=128: 4 LDG.U8 per task and lane, ~12 address instructions each). Words wholly past the
+// last scale column (a task running over the row end) are not read.
+#ifndef TK_CB_WORDS
+#define TK_CB_WORDS 1
+#endif
+constexpr int NW = SEG / (4 * TK_BK) > 0 ? SEG / (4 * TK_BK) : 1;  // int32 scale words per task
+constexpr bool TASK_WORDS = TK_CB_WORDS && TK_IN_SF == 1 && SCALES_PER_STORE == 1 && !TASK_SCALE && SEG % (4 * TK_BK) == 0 && NW <= 4;
+
+// TK_CB_E4M3X2 (default 1; 0 for the A/B comparison): e4m3 codes decoded two per conversion.
+#ifndef TK_CB_E4M3X2
+#define TK_CB_E4M3X2 1
+#endif
+
 // The scales of the OUT_VEC values of row r from column c (c % OUT_VEC == 0): one when a
 // scale block holds the whole store, else one per value.
 struct StoreScales {
@@ -109,7 +127,17 @@ __device__ __forceinline__ Raw second_half(const Raw& a) {
 // straight from e2m1_value_m126: one FMUL per value instead of two (H200: e2m1 -> bf16 50.8 ->
 // 39.2 us). Other scales (large, infinite, NaN) take the two exact multiplies. bf16 output
 // only: the test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs.
-constexpr bool E2M1_FUSED = TK_IN == 3 && TK_OUT == 1 && SCALES_PER_STORE == 1;
+// TK_CB_FUSED_TASK (default 1; 0 for the A/B comparison): for fp32 output with TASK_WORDS the
+// test is made once per task on its scale words (every UE8M0 byte <= 128, i.e. |s| < 4; warp-
+// uniform), so fp32 output takes the fused multiply too: per 4-value store 4 FMULs fewer for one
+// FMUL of s * 2^126 and a uniform branch (SASS sm_90a, e2m1 -> fp32 npc=128: ~42 -> ~37 issued
+// per store). bf16 output keeps its per-store test: with the task test ptxas recomputed the
+// word check at every store (7 instructions instead of 2).
+#ifndef TK_CB_FUSED_TASK
+#define TK_CB_FUSED_TASK 1
+#endif
+constexpr bool FUSED_TASK = TK_CB_FUSED_TASK && TK_IN == 3 && TK_OUT == 0 && TASK_WORDS;
+constexpr bool E2M1_FUSED = TK_IN == 3 && SCALES_PER_STORE == 1 && (TK_OUT == 1 || FUSED_TASK);
 
 // Value q (< OUT_VEC) of the fragment src, decoded to fp32 (exact). e2m1: tkq::e2m1_value
 // (subnormal placement + one exact FMUL: ~5 instructions per value instead of decode_elem's
@@ -153,8 +181,22 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
     for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < tasks; t += (u64)gridDim.x * WARPS) {
         const u64 r = t / segs, c_task = (t - r * segs) * SEG;  // warp-uniform row and first column
         Raw raw[TK_J];                                           // (TK_J, VEC) elements of row r
-        StoreScales sc[TASK_SCALE ? 1 : TK_J][TASK_SCALE ? 1 : PAIR];  // the scales of each store
+        StoreScales sc[TASK_SCALE || TASK_WORDS ? 1 : TK_J][TASK_SCALE || TASK_WORDS ? 1 : PAIR];  // the scales of each store
         if constexpr (TASK_SCALE) sc[0][0] = load_scales(p, r, c_task);
+        u32 sw[NW];  // (NW,) TASK_WORDS: packed UE8M0 words of scale columns c_task / BK .. (4 per word)
+        if constexpr (TASK_WORDS) {
+            const u64 w0 = c_task / TK_BK / 4;  // first word (c_task / BK is a multiple of 4)
+#pragma unroll
+            for (int i = 0; i < NW; ++i)
+                sw[i] = 4 * (w0 + i) * TK_BK < p.k ? __ldg(reinterpret_cast<const u32*>(p.x_sf) + (r / TK_BM) * p.xsf_s0 + (w0 + i) * p.xsf_s1) : 0u;
+        }
+        bool fused_task = false;  // FUSED_TASK: every scale of the task has |s| < 4 (UE8M0 byte <= 128)
+        if constexpr (FUSED_TASK) {
+            u32 big = 0;  // bit 7 of a byte: that byte is > 0x80 (bit 7 set and low bits nonzero)
+#pragma unroll
+            for (int i = 0; i < NW; ++i) big |= sw[i] & ((sw[i] & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
+            fused_task = big == 0;
+        }
 #pragma unroll
         for (int j = 0; j < TK_J; ++j) {
             const u64 c = c_task + j * STEP + lane * VEC;
@@ -165,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
                 for (int i = 0; i < RAW_WORDS; ++i) raw[j].w[i] = 0;
             }
 #pragma unroll
-            for (int h = 0; h < (TASK_SCALE ? 0 : PAIR); ++h) {
+            for (int h = 0; h < (TASK_SCALE || TASK_WORDS ? 0 : PAIR); ++h) {
                 const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
                 if (cs < p.k) sc[j][h] = load_scales(p, r, cs);
             }
@@ -181,9 +223,17 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
                 }
                 const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
                 if (cs >= p.k) continue;
-                const StoreScales& s = sc[TASK_SCALE ? 0 : j][TASK_SCALE ? 0 : h];
+                StoreScales s = sc[TASK_SCALE || TASK_WORDS ? 0 : j][TASK_SCALE || TASK_WORDS ? 0 : h];
+                if constexpr (TASK_WORDS) {
+                    const u32 g = (u32)(j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC) / TK_BK;  // scale column - c_task / BK
+                    u32 w = sw[0];
+#pragma unroll
+                    for (int i = 1; i < NW; ++i)
+                        if (g / 4 == (u32)i) w = sw[i];
+                    s.s[0] = __uint_as_float(((w >> (8 * (g % 4))) & 0xFFu) << 23);  // in_scale's UE8M0 decode
+                }
                 float v[OUT_VEC];  // (OUT_VEC,) dequantized values of row r from column cs
-                if (E2M1_FUSED && fabsf(s.s[0]) < 4.0f) {
+                if (E2M1_FUSED && (FUSED_TASK ? fused_task : fabsf(s.s[0]) < 4.0f)) {
                     // s * 2^126 is exact and finite, so the one rounding of
                     // (value * 2^-126) * (s * 2^126) is that of value * s.
                     const float s126 = __fmul_rn(s.s[0], 0x1p126f);
@@ -192,8 +242,21 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
                     store_out(p, r, cs, v);
                     continue;
                 }
+#if TK_IN == 2 && TK_CB_E4M3X2
+                // e4m3: two codes per conversion (cvt.rn.f16x2.e4m3x2, the instruction
+                // decode_elem issues for one code: the same halves), then exact widening; per 4
+                // values 2 conversions and 1 shift instead of 4 byte extractions and 4 conversions.
+#pragma unroll
+                for (int q = 0; q < OUT_VEC; q += 2) {
+                    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(src.w[q / 4] >> (8 * (q % 4))), __NV_E4M3);
+                    const float2 f = __half22float2(__half2(hr));  // (2,) decoded values q, q + 1
+                    v[q] = __fmul_rn(f.x, s.s[SCALES_PER_STORE == 1 ? 0 : q]);
+                    v[q + 1] = __fmul_rn(f.y, s.s[SCALES_PER_STORE == 1 ? 0 : q + 1]);
+                }
+#else
 #pragma unroll
                 for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(decode_value(src, q), s.s[SCALES_PER_STORE == 1 ? 0 : q]);
+#endif
                 store_out(p, r, cs, v);
             }
         }

@@ -44,11 +44,10 @@ struct Raw {
     u32 w[RAW_WORDS];
 };
 
-// Loads the fragment of row r starting at logical column c0 (a multiple of VEC); elements at
-// columns >= K read as zero bits. The caller guarantees r < M and c0 < K.
-__device__ __forceinline__ Raw load_frag(const void* x, u64 ldx, u64 k, u64 r, u64 c0) {
+// Loads the fragment of a row (row: its first byte) starting at logical column c0 (a multiple
+// of VEC); elements at columns >= K read as zero bits. The caller guarantees c0 < K.
+__device__ __forceinline__ Raw load_frag_at(const u8* row, u64 k, u64 c0) {
     Raw raw;
-    const u8* row = reinterpret_cast<const u8*>(x) + r * ldx * IN_STORAGE_BYTES;  // (K,) elements
 #if TK_VECIO
     const u8* src = row + c0 * IN_BITS / 8;
     if constexpr (RAW_WORDS == 8) {
@@ -90,6 +89,12 @@ __device__ __forceinline__ Raw load_frag(const void* x, u64 ldx, u64 k, u64 r, u
     }
 #endif
     return raw;
+}
+
+// Loads the fragment of row r (row stride ldx storage elements) starting at logical column c0
+// (load_frag_at; r < M, c0 < K).
+__device__ __forceinline__ Raw load_frag(const void* x, u64 ldx, u64 k, u64 r, u64 c0) {
+    return load_frag_at(reinterpret_cast<const u8*>(x) + r * ldx * IN_STORAGE_BYTES, k, c0);
 }
 
 #if TK_IN >= 2

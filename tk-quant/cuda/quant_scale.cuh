@@ -141,22 +141,14 @@ TK_BF16X2_OP(bf16x2_mul, "mul.rn.bf16x2")
 TK_BF16X2_OP(bf16x2_add, "add.rn.bf16x2")
 #undef TK_BF16X2_OP
 
-// TK_ABS_FMA (default 1; 0 for the A/B comparison): |x| of a bf16 pair by abs.bf16x2, which
-// ptxas issues as HFMA2.BF16_V2 (-0 * 0 + |x|, exact: subnormals kept, -0 + +0 = +0) on the FMA
-// pipe, instead of an AND on the ALU pipe, the pipe that bounds the e2m1 casts (ncu: ALU 80 %).
-// NaN lanes give an unspecified NaN (the AND keeps the payload): every caller ignores NaN (max)
-// or never passes one.
-#ifndef TK_ABS_FMA
-#define TK_ABS_FMA 1
-#endif
+// |x| of a bf16 pair by abs.bf16x2, which ptxas issues as HFMA2.BF16_V2 (-0 * 0 + |x|, exact:
+// subnormals kept, -0 + +0 = +0) on the FMA pipe, instead of an AND on the ALU pipe, the pipe
+// that bounds the e2m1 casts (ncu: ALU 80 %; H200: faster than the AND). NaN lanes give an
+// unspecified NaN (the AND keeps the payload): every caller ignores NaN (max) or never passes one.
 __device__ __forceinline__ u32 bf16x2_abs(u32 a) {
-#if TK_ABS_FMA
     u32 d;
     asm("abs.bf16x2 %0, %1;" : "=r"(d) : "r"(a));
     return d;
-#else
-    return a & 0x7FFF7FFFu;
-#endif
 }
 
 // 8 e2m1 codes packed two per byte (element 0 in the low nibble), exactly e2m1_pack of

@@ -207,6 +207,27 @@ fn fits_idx32(a: &CastArgs) -> bool {
 /// flight.
 const QUANT_MIN_BLOCKS: usize = 3;
 
+/// Row tiles each CTA of a per-token tiled cast walks (A/B knob: 1 is the previous grid, one
+/// tile per CTA). A per-token tile is only 4 fragments per thread, and the kernel spent about as
+/// many instructions on the tile's setup (block and thread indices, 64-bit column offsets, the
+/// masks, the layout-C scale column address) as on a row's amax, scale and cast (SASS sm_90a,
+/// bf16 -> e4m3 npc=128: ~150 of ~330 issued per tile before the first row's data); the column
+/// tile is the kernel's outer loop, so the row loop keeps that work hoisted. 4 keeps ~3 waves
+/// of CTAs at 8001x7168 (251 row tiles x 28 column tiles / 4 over 528 slots), so the hardware
+/// scheduler still balances the tail.
+const PT_ROW_TILES: usize = 4;
+
+/// `TK_MINB` of per-token tiles of plain input with power-of-two scales (A/B knob: 4 is the
+/// previous value). After the tile-level changes of session 5 (row padding once per tile, row
+/// pointers) these kernels need 47-56 registers at a cap of 64, i.e. 4-5 resident CTAs per SM;
+/// capped at 40 (6 CTAs, 48 warps) ptxas fits every variant without spills (sm_90a: bf16 ->
+/// e4m3 / e2m1 and fp32 -> e4m3 / e2m1 at npc 16..128, all modes; +1..5 static
+/// instructions). The H200 measured 4 CTAs faster than 3 for these tiles, so more resident
+/// warps (loads in flight, eligible warps for the ALU-bound e2m1 encoder) is the expected
+/// direction. Unrounded scales (IEEE divisions) keep the rule below: bf16 -> e2m1 with layout
+/// B spilled 8 bytes at 40 registers.
+const PT_MIN_BLOCKS: usize = 6;
+
 /// Lanes of a warp along K on the tiled path for block `(bm, bk)` with `vec` elements per
 /// fragment: 32 for per-token blocks; for taller blocks, as many as give each thread 4 to 8
 /// rows (`bm / (8 warps · 32/LX)`), but at least a column block's worth (`bk / vec`).
@@ -276,7 +297,8 @@ impl CastKernel {
     /// The tiled path's minimum resident CTAs per SM (`TK_MINB`: 4 → at most 64 registers,
     /// 3 → 80, 2 → 128), from the raw input words a thread holds across its rows (ptxas,
     /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
-    /// blocks) → 4 (measured: 4 beats 3 per token); the per-channel tile (32 words, but one
+    /// blocks) → 4 (measured: 4 beats 3 per token; per-token tiles with power-of-two scales:
+    /// [`PT_MIN_BLOCKS`]); the per-channel tile (32 words, but one
     /// scale computation per thread) → 4; up to 32 words → 3; more → 2.
     /// Quantized input: [`QUANT_MIN_BLOCKS`] up to 4 rows per thread, else 2 (8 rows of e2m1
     /// input spill at 80 registers).
@@ -290,6 +312,9 @@ impl CastKernel {
         };
         if matches!(self.input, InputKind::Quantized { .. }) {
             return if rows <= 4 { QUANT_MIN_BLOCKS } else { 2 };
+        }
+        if bm == 1 && self.round_sf {
+            return PT_MIN_BLOCKS;
         }
         let words = rows * self.vec() * self.input.bits() / 32;
         if words <= 16 || bk == 1 {
@@ -406,11 +431,12 @@ impl CastKernel {
                 };
                 let tk = self.lx() * self.vec() * self.fk();
                 LaunchConfig {
-                    // Per-token: x along column tiles, y along row tiles; else the reverse.
+                    // Per-token: x along column tiles, y along row tiles (each CTA walks up to
+                    // PT_ROW_TILES of them); else the reverse.
                     grid_dim: if self.block.0 == 1 {
                         (
                             plan.k.div_ceil(tk).min(big) as u32,
-                            plan.m.div_ceil(tm).min(65535) as u32,
+                            plan.m.div_ceil(tm).div_ceil(PT_ROW_TILES).min(65535) as u32,
                             1,
                         )
                     } else {
