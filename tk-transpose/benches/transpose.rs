@@ -16,7 +16,7 @@ use half::bf16;
 use tk_core::bench::Bench;
 use tk_core::testing::{generate_hidden_sizes, generate_num_tokens, par_random_bits};
 use tk_core::{Element, Layout, Result};
-use tk_transpose::{Path, Tiling};
+use tk_transpose::Tiling;
 
 /// Upstream's measured µs on our H200 (`bench/upstream-h200.md`): (op, params, µs).
 const UPSTREAM: &[(&str, &str, f64)] = &[
@@ -150,7 +150,7 @@ fn main() -> Result<()> {
     };
     b.report_compile_times(&tk_transpose::batched_transpose::kernel_spec(
         2,
-        Path::Persistent(Tiling::new(2, 128)),
+        Some(Tiling::new(2, 128)),
     ))?;
     bench_dtype::<F8E4M3>(&mut b, "e4m3", false)?;
     bench_dtype::<bf16>(&mut b, "bf16", false)?;

@@ -6,8 +6,6 @@
 //                     V = 16 / E); 0: generic shared-memory path, any sizes and strides.
 //   TK_TILE_X      (staged path) input rows per tile; TK_TILE_X * E is 32, 64 or 128 bytes.
 //   TK_BANDS       (staged path) 128-byte column bands per tile (1, 2 or 4).
-//   TK_PERSIST     (staged path) 1: persistent grid, tiles dealt round-robin, two tile buffers
-//                  (double-buffered); 0: one tile per block and grid step.
 //
 // Staged path: a block of NT = 2 * TK_TILE_X * E threads moves one tile of TK_TILE_X input rows
 // x TK_BANDS * 128 bytes through shared memory in two steps:
@@ -40,9 +38,6 @@ typedef tk::uint_of_size<TK_ELEM_BYTES>::type elem_t;
 #endif
 #ifndef TK_BANDS
 #error "TK_BANDS (128-byte column bands per tile) must be defined for the staged path"
-#endif
-#ifndef TK_PERSIST
-#error "TK_PERSIST (persistent grid or not) must be defined for the staged path"
 #endif
 
 constexpr u32 E = TK_ELEM_BYTES;
@@ -104,63 +99,22 @@ __device__ __forceinline__ uint4 transpose_words(const u32 (&w)[V], u32 j) {
 #endif
 }
 
-// One staged tile in shared memory: (band, tile row, swizzled 16-byte unit along y).
-typedef uint4 tile_t[BANDS][TX][8];
-
-// Step 1 for the tile at (x0, y0) of the (X, Y) matrix `src` (row stride `ld`, elements): the
-// cp.async copies of thread `t` (threadIdx.x, read once by the kernel: reading it here changed
-// sm_100a's register allocation and spilled) into `buf` (rows >= X - x0 and columns >= Y - y0
-// skipped). Issued only; complete for this thread after the next `cp.async.wait_*`.
-__device__ __forceinline__ void load_tile(tile_t& buf, const elem_t* src, u32 x0, u32 y0, u32 X, u32 Y,
-                                          u64 ld, u32 t) {
-    const u32 lr = t / 8, lu = t % 8;  // first tile row and the unit of this thread
-    // This thread's first vector; the others are NT / 8 rows and whole bands further on.
-    const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
-#pragma unroll
-    for (u32 c = 0; c < BANDS; ++c)
-#pragma unroll
-        for (u32 k = 0; k < LOADS; ++k) {
-            const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-            if (r < X - x0 && u < Y - y0) copy16_async(&buf[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY);
-        }
-}
-
-// Step 2 for the tile at (x0, y0), whose copies (every thread's) have landed in `buf`: the
-// tasks of thread `t`, written to the (Y, X) contiguous matrix `dst`.
-__device__ __forceinline__ void store_tile(const tile_t& buf, elem_t* dst, u32 x0, u32 y0, u32 X, u32 Y, u32 t) {
-    const u32 vx = t % LX, wy = t / LX;  // output vector and word column (0..31) of the task
-    const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // swizzled unit, word in it
-    // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
-    // rows of an in-range output vector, and the unit holding an in-range word, are in range.
-    // One band's task at a time for 1-byte elements: its 16 words and 16 output words
-    // already fill the register budget, and interleaving two bands' tasks spills.
-#pragma unroll(E == 1 ? 1 : BANDS)
-    for (u32 c = 0; c < BANDS; ++c) {
-        if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
-            // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
-            elem_t* q = dst + (u64)(y0 + c * BY + wy * W) * X + x0 + vx * V;
-            u32 w[V];  // (V input rows, W elements along y)
-#pragma unroll
-            for (u32 i = 0; i < V; ++i) w[i] = reinterpret_cast<const u32*>(&buf[c][vx * V + i][su])[sw];
-#pragma unroll
-            for (u32 j = 0; j < W; ++j) store16(q + j * (u64)X, transpose_words(w, j));
-        }
-    }
-}
-
 // out: (B, Y, X) contiguous; in: (B, X, Y) with row stride `ld` and batch stride `bs` (elements).
-// X - x0 and Y - y0 bound every offset in a tile, so nothing overflows for any X, Y < 2^32.
-#if !TK_PERSIST
-// One tile per block and grid step. Grid: x -> tiles along x, exactly ceil(X / TX) of them
-// (consecutive blocks write adjacent pieces of the same output rows); y -> tiles along y and
-// z -> batch, both looping, so any size fits the grid limits.
+// Grid: x -> tiles along x, exactly ceil(X / TX) of them (consecutive blocks write adjacent
+// pieces of the same output rows); y -> tiles along y and z -> batch, both looping, so any size
+// fits the grid limits.
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpose(elem_t* __restrict__ out,
                                                                                 const elem_t* __restrict__ in,
                                                                                 u32 batches, u32 X, u32 Y,
                                                                                 u64 ld, u64 bs) {
-    __shared__ tile_t tile;
+    __shared__ uint4 tile[BANDS][TX][8];  // (band, tile row, swizzled 16-byte unit along y)
     const u32 t = threadIdx.x;
-    const u32 x0 = blockIdx.x * TX;  // tile origin along x (< X)
+    const u32 lr = t / 8, lu = t % 8;    // step 1: first tile row and the unit of this thread
+    const u32 vx = t % LX, wy = t / LX;  // step 2: output vector and word column (0..31) of the task
+    const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // step 2: swizzled unit, word in it
+    const u32 x0 = blockIdx.x * TX;                         // tile origin along x (< X)
+    // Tiles along y; X - x0 and Y - y0 bound the offsets below, so nothing overflows for any
+    // X, Y < 2^32.
     const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
@@ -168,61 +122,36 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
         for (u32 ty = blockIdx.y; ty < nty; ty += gridDim.y) {
             const u32 y0 = ty * BANDS * BY;  // tile origin along y
             __syncthreads();                 // the previous tile's reads of shared memory are done
-            load_tile(tile, src, x0, y0, X, Y, ld, t);
+            // This thread's first vector; the others are NT / 8 rows and whole bands further on.
+            const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
+#pragma unroll
+            for (u32 c = 0; c < BANDS; ++c)
+#pragma unroll
+                for (u32 k = 0; k < LOADS; ++k) {
+                    const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
+                    if (r < X - x0 && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY);
+                }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
-            store_tile(tile, dst, x0, y0, X, Y, t);
+            // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
+            // rows of an in-range output vector, and the unit holding an in-range word, are in range.
+            // One band's task at a time for 1-byte elements: its 16 words and 16 output words
+            // already fill the register budget, and interleaving two bands' tasks spills.
+#pragma unroll(E == 1 ? 1 : BANDS)
+            for (u32 c = 0; c < BANDS; ++c) {
+                if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
+                    // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
+                    elem_t* q = dst + (u64)(y0 + c * BY + wy * W) * X + x0 + vx * V;
+                    u32 w[V];  // (V input rows, W elements along y)
+#pragma unroll
+                    for (u32 i = 0; i < V; ++i) w[i] = reinterpret_cast<const u32*>(&tile[c][vx * V + i][su])[sw];
+#pragma unroll
+                    for (u32 j = 0; j < W; ++j) store16(q + j * (u64)X, transpose_words(w, j));
+                }
+            }
         }
     }
 }
-#else
-// Persistent: a 1-D grid of P blocks, all resident at once (the host sizes it from the
-// occupancy), walks the tiles t = tx + nx * (ty + ny * b) (x fastest, as the one-tile grid
-// above) round-robin: block i takes tiles i, i + P, i + 2P, ..., so every block has the same
-// number of tiles to within one (the host picks P so that they are nearly all equal) and all
-// finish at about the same time, with no block launches after the first wave. Two tile
-// buffers: the copies of a block's next tile are in flight while it stores the current one.
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpose(elem_t* __restrict__ out,
-                                                                                const elem_t* __restrict__ in,
-                                                                                u32 batches, u32 X, u32 Y,
-                                                                                u64 ld, u64 bs) {
-    __shared__ tile_t tile[2];
-    const u32 t = threadIdx.x;
-    const u32 nx = X / TX + (X % TX != 0), ny = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
-    // This block's first tile, and the step P = dx + nx * (dy + ny * db) in the same digits.
-    u32 tx = blockIdx.x % nx, ty = blockIdx.x / nx % ny;
-    u64 b = blockIdx.x / nx / ny;
-    const u32 dx = gridDim.x % nx, dy = gridDim.x / nx % ny, db = gridDim.x / nx / ny;
-    if (b >= batches) return;  // no tile for this block (the host launches at most one per tile)
-    load_tile(tile[0], in + b * bs, tx * TX, ty * (BANDS * BY), X, Y, ld, t);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    for (u32 s = 0;; s ^= 1) {
-        // The next tile: t + P, adding digit by digit with carries (tx + dx < 2 nx and
-        // ty + dy + 1 < 2 ny, so one subtraction each).
-        u32 ntx = tx + dx, nty = ty + dy;
-        u64 nb = b + db;
-        if (ntx >= nx) {
-            ntx -= nx;
-            ++nty;
-        }
-        if (nty >= ny) {
-            nty -= ny;
-            ++nb;
-        }
-        const bool more = nb < batches;
-        // Buffer s ^ 1 is free: every thread's reads of it (the previous tile) ended before the
-        // barrier at the end of the last iteration.
-        if (more) load_tile(tile[s ^ 1], in + nb * bs, ntx * TX, nty * (BANDS * BY), X, Y, ld, t);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");  // possibly empty
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this thread's copies of tile s landed
-        __syncthreads();                                         // and every other thread's
-        store_tile(tile[s], out + b * X * Y, tx * TX, ty * (BANDS * BY), X, Y, t);
-        if (!more) break;
-        __syncthreads();  // every thread's reads of buffer s are done before it is refilled
-        tx = ntx, ty = nty, b = nb;
-    }
-}
-#endif
 
 #else  // generic path
 

@@ -23,10 +23,7 @@
 //! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
 //! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
 //! from the shape so that small problems still give every SM several blocks); otherwise a
-//! 32 × 32 shared-memory tile kernel handles any shape. Large problems with tiles of at most
-//! 16 KB run the staged kernel on a persistent grid (as many blocks as fit on the device at
-//! once, tiles dealt round-robin, two tile buffers per block; [`Path::Persistent`]) instead of
-//! one block per tile. `transpose_into_tiled` and
+//! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
 //! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
 //! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
 //! [`prewarm`]).
@@ -178,11 +175,6 @@ mod gpu {
         /// blocks of it still fit in an SM's 228 KB.
         pub const MAX_TILE_BYTES: usize = 32 << 10;
 
-        /// Largest tile the persistent launch ([`Path::Persistent`]) takes: it keeps two, and
-        /// 6 blocks of 2 × 16 KB (+ 1 KB reserved each) fit in an SM's 228 KB within the 48 KB
-        /// of static shared memory a block may have.
-        pub const PERSISTENT_MAX_TILE_BYTES: usize = 16 << 10;
-
         /// The tiling for `elem_bytes`-byte elements with `row_bytes` bytes of x per tile:
         /// `elem_bytes` bands, so every thread loads and stores 64 bytes per tile whatever the
         /// element size (4 16-byte vectors in flight per thread in both steps).
@@ -223,44 +215,16 @@ mod gpu {
         }
     }
 
-    /// A/B knob of the persistent staged-tile launch (`true`: the default; `false` restores the
-    /// one-tile-per-block grid everywhere, for comparing the two in one bench run): large
-    /// problems whose tile has at most [`Tiling::PERSISTENT_MAX_TILE_BYTES`] run on a grid of
-    /// resident blocks that deal the tiles round-robin, double-buffered (see [`Path`]).
-    pub const PERSISTENT_GRID: bool = true;
-
-    /// A/B knob for mid-sized problems (`true`: the default; needs [`PERSISTENT_GRID`]): where
-    /// the one-tile grid of 32 KB "wide" tiles would run more than one wave, take the large
-    /// tiling on the persistent grid instead (`false`: the wide tiles, as before).
-    pub const PERSISTENT_MID: bool = true;
-
-    /// Which kernel a launch takes.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Path {
-        /// The staged-tile kernel (`TK_VEC=1`, `TK_PERSIST=0`) with this tiling, one tile per
-        /// block (grid loops beyond the grid limits).
-        Staged(Tiling),
-        /// The staged-tile kernel with this tiling on a persistent grid (`TK_PERSIST=1`): as
-        /// many blocks as are resident at once (fewer if that evens out the tiles per block),
-        /// each taking every P-th tile, with two tile buffers so the copies of its next tile
-        /// are in flight while it stores the current one.
-        Persistent(Tiling),
-        /// The 32 × 32 shared-memory tile kernel (`TK_VEC=0`): any shape and stride.
-        Generic,
-    }
-
-    /// The kernel specialisation for element size `elem_bytes` and `path`.
-    pub fn kernel_spec(elem_bytes: usize, path: Path) -> KernelSpec {
-        let spec = KernelSpec::new(&SOURCE).define("TK_ELEM_BYTES", elem_bytes);
-        let (t, persist) = match path {
-            Path::Staged(t) => (t, false),
-            Path::Persistent(t) => (t, true),
-            Path::Generic => return spec.define("TK_VEC", 0),
-        };
-        spec.define("TK_VEC", 1)
-            .define("TK_TILE_X", t.rows)
-            .define("TK_BANDS", t.bands)
-            .define("TK_PERSIST", persist as u8)
+    /// The kernel specialisation for element size `elem_bytes`: the staged-tile path with
+    /// `tiling`, or the generic path for `None`.
+    pub fn kernel_spec(elem_bytes: usize, tiling: Option<Tiling>) -> KernelSpec {
+        let spec = KernelSpec::new(&SOURCE)
+            .define("TK_ELEM_BYTES", elem_bytes)
+            .define("TK_VEC", tiling.is_some() as u8);
+        match tiling {
+            Some(t) => spec.define("TK_TILE_X", t.rows).define("TK_BANDS", t.bands),
+            None => spec,
+        }
     }
 
     /// Every specialisation this crate can launch (for compile checks and [`prewarm`]).
@@ -269,15 +233,8 @@ mod gpu {
             .into_iter()
             .flat_map(|e| {
                 Tiling::supported(e)
-                    .flat_map(move |t| {
-                        let persistent = (PERSISTENT_GRID
-                            && t.tile_bytes() <= Tiling::PERSISTENT_MAX_TILE_BYTES)
-                            .then_some(Path::Persistent(t));
-                        [Some(Path::Staged(t)), persistent]
-                    })
-                    .chain([Some(Path::Generic)])
-                    .flatten()
-                    .map(move |p| kernel_spec(e, p))
+                    .map(move |t| kernel_spec(e, Some(t)))
+                    .chain([kernel_spec(e, None)])
             })
             .collect()
     }
@@ -391,19 +348,14 @@ mod gpu {
                 ));
             }
         }
-        let sms = dev.props().sm_count as usize;
-        let path = if vec {
-            let t = forced.unwrap_or_else(|| pick_tiling(&g, e, sms));
-            if persistent(&g, e, t, sms) {
-                Path::Persistent(t)
-            } else {
-                Path::Staged(t)
-            }
+        let (cfg, tiling) = if vec {
+            let t = forced.unwrap_or_else(|| pick_tiling(&g, e, dev.props().sm_count as usize));
+            (tile_config(&g, e, t), Some(t))
         } else {
-            Path::Generic
+            (generic_config(&g), None)
         };
-        let f = dev.function(&kernel_spec(e, path))?;
-        if path != Path::Generic {
+        let f = dev.function(&kernel_spec(e, tiling))?;
+        if tiling.is_some() {
             // 6 blocks × (16 or 32 KB + 1 KB reserved) need the 132 or 228 KB configuration;
             // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
             f.set_attribute(
@@ -412,22 +364,6 @@ mod gpu {
             )
             .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
         }
-        let cfg = match path {
-            Path::Staged(t) => tile_config(&g, e, t),
-            Path::Persistent(t) => {
-                // Blocks resident at once (a driver query on the loaded function, no sync; the
-                // function may come from the in-memory cache, so make its context current here).
-                dev.stream()
-                    .context()
-                    .bind_to_thread()
-                    .ctx("binding the CUDA context")?;
-                let per_sm = f
-                    .occupancy_max_active_blocks_per_multiprocessor(t.threads(e) as u32, 0, None)
-                    .ctx("querying the occupancy of tk_batched_transpose")?;
-                persistent_config(&g, e, t, sms * per_sm as usize)
-            }
-            Path::Generic => generic_config(&g),
-        };
         let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
             g.x as u32,
@@ -447,9 +383,8 @@ mod gpu {
         // x's and out's buffers (views are bounds-checked at creation; the kernel reads
         // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only, the staged path's
         // bounds checks relying on its grid x being exactly its tile count along x, as
-        // tile_config() sets it; the persistent grid derives every tile from its linear index
-        // and stops at the batch count), the staged paths are taken only with 16-byte aligned
-        // rows, and both buffers outlive the stream-ordered launch.
+        // tile_config() sets it), the staged path is taken only with 16-byte aligned rows, and
+        // both buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
         Ok(())
     }
@@ -460,9 +395,7 @@ mod gpu {
     /// `e` bands (every thread moves 64 bytes); mid-sized ones take 4 bands of the tallest piece
     /// (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
     /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block; smaller ones
-    /// 64-byte pieces in one band. With [`PERSISTENT_MID`], mid-sized problems whose 32 KB
-    /// tiles need more than one wave (6 blocks per SM) take the large tiling on the persistent
-    /// grid instead (see [`persistent`]).
+    /// 64-byte pieces in one band.
     fn pick_tiling(g: &Geometry, e: usize, sms: usize) -> Tiling {
         let blocks = |t: &Tiling| {
             let (nx, ny) = tile_counts(g, e, t);
@@ -477,14 +410,7 @@ mod gpu {
         if blocks(&large) >= 16 * sms {
             large
         } else if blocks(&wide) >= sms {
-            // 6 blocks of 32 KB (+ 1 KB) fill an SM's 228 KB: beyond 6 per SM the one-tile
-            // grid of wide tiles runs a second, mostly empty wave (1.1-1.3 waves at 4032 x 7168
-            // and 8064 x 4096 e4m3, 4032 x 4096 and 8064 x 2048 bf16).
-            if PERSISTENT_MID && blocks(&wide) > 6 * sms && persistent(g, e, large, sms) {
-                large
-            } else {
-                wide
-            }
+            wide
         } else {
             Tiling {
                 rows: Tiling::ROW_BYTES[1] / e,
@@ -496,36 +422,6 @@ mod gpu {
     /// Tiles along x and y.
     fn tile_counts(g: &Geometry, e: usize, t: &Tiling) -> (usize, usize) {
         (g.x.div_ceil(t.rows), g.y.div_ceil(t.cols(e)))
-    }
-
-    /// Whether a staged launch with tiling `t` takes the persistent grid: the knob is on, two
-    /// tiles fit a block ([`Tiling::PERSISTENT_MAX_TILE_BYTES`]) and the one-tile grid would
-    /// need more than one wave of the blocks per SM the kernel's launch bounds guarantee
-    /// (`1536 / threads`; 6 for the 16 KB tiles of 256 threads), where the last partial wave and
-    /// the block relaunches cost a share. Every problem that [`pick_tiling`] gives the large
-    /// tiling qualifies; its smaller tilings never do.
-    fn persistent(g: &Geometry, e: usize, t: Tiling, sms: usize) -> bool {
-        let (nx, ny) = tile_counts(g, e, &t);
-        PERSISTENT_GRID
-            && t.tile_bytes() <= Tiling::PERSISTENT_MAX_TILE_BYTES
-            && nx * ny * g.batches > 1536 / t.threads(e) * sms
-    }
-
-    /// Launch shape of the persistent path with `resident` blocks resident at once on the
-    /// device: 1-D, `ceil(tiles / rounds)` blocks with `rounds = ceil(tiles / resident)`, so
-    /// every block has `rounds` or `rounds - 1` tiles and fewer than `rounds` blocks have one
-    /// less (8064 × 7168 e4m3 on 132 SMs × 6: 3528 tiles, 706 blocks, 704 of them with 5
-    /// tiles; the one-tile grid runs 4.45 waves of 792 blocks). At most one block per tile,
-    /// which the kernel relies on.
-    fn persistent_config(g: &Geometry, e: usize, t: Tiling, resident: usize) -> LaunchConfig {
-        let (nx, ny) = tile_counts(g, e, &t);
-        let tiles = nx * ny * g.batches;
-        let rounds = tiles.div_ceil(resident.max(1));
-        LaunchConfig {
-            grid_dim: (tiles.div_ceil(rounds) as u32, 1, 1),
-            block_dim: (t.threads(e) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
     }
 
     /// Launch shape of the staged-tile path. Blocks walk along x first (grid x: exactly one block
@@ -610,58 +506,9 @@ mod gpu {
                         assert!(cfg.grid_dim.1 >= 1 && cfg.grid_dim.2 >= 1);
                         assert_eq!(cfg.grid_dim.0 as usize, x.div_ceil(t.rows));
                         assert_eq!(cfg.grid_dim.1 as usize, y.div_ceil(t.cols(e)).min(65535));
-                        // Persistent grid: 1-D, between one block and one per tile, and the
-                        // tiles per block (rounds or rounds - 1) fit the resident blocks.
-                        let tiles = x.div_ceil(t.rows) * y.div_ceil(t.cols(e)) * b;
-                        for resident in [1, 132 * 6, 148 * 8, tiles, 2 * tiles] {
-                            let p = persistent_config(&g, e, t, resident);
-                            let blocks = p.grid_dim.0 as usize;
-                            assert_eq!((p.grid_dim.1, p.grid_dim.2), (1, 1));
-                            assert_eq!(p.block_dim, cfg.block_dim);
-                            assert!(blocks >= 1 && blocks <= tiles.min(resident));
-                            let rounds = tiles.div_ceil(blocks);
-                            assert_eq!(rounds, tiles.div_ceil(resident));
-                            assert!(rounds * blocks - tiles < blocks.min(rounds));
-                        }
                     }
                 }
             }
-        }
-
-        #[test]
-        fn persistent_only_for_large_problems_with_small_tiles() {
-            let g = |x: usize, y: usize, batches: usize| Geometry {
-                batches,
-                x,
-                y,
-                ld: y,
-                bs: x * y,
-            };
-            let big = g(8064, 7168, 1);
-            for e in [1, 2, 4] {
-                assert_eq!(
-                    persistent(&big, e, Tiling::new(e, 128), 132),
-                    PERSISTENT_GRID
-                );
-            }
-            // 8064 x 7168 e4m3: 3528 tiles over 132 x 6 resident blocks -> 706 blocks of 5
-            // tiles (2 of them 4).
-            let p = persistent_config(&big, 1, Tiling::new(1, 128), 132 * 6);
-            assert_eq!(p.grid_dim, (706, 1, 1));
-            // 32 KB tiles never (two would not fit); problems within one wave of the one-tile
-            // grid (6 x 132 blocks of 256 threads, 12 x 132 of 128) keep it.
-            assert!(!persistent(&big, 1, Tiling { rows: 64, bands: 4 }, 132));
-            assert!(!persistent(&g(4032, 576, 1), 1, Tiling::new(1, 128), 132));
-            assert!(!persistent(&g(4032, 3072, 1), 1, Tiling::new(1, 128), 132));
-            assert!(!persistent(&g(4032, 2048, 1), 1, Tiling::new(1, 64), 132));
-            assert_eq!(
-                persistent(&g(8064, 4096, 1), 1, Tiling::new(1, 128), 132),
-                PERSISTENT_GRID
-            );
-            assert_eq!(
-                persistent(&g(8064, 576, 32), 2, Tiling::new(2, 128), 132),
-                PERSISTENT_GRID
-            );
         }
 
         #[test]
@@ -700,21 +547,6 @@ mod gpu {
             assert_eq!(pick_tiling(&g(4032, 3072), 1, 132), wide(1));
             assert_eq!(pick_tiling(&g(4032, 576), 2, 132), wide(2));
             assert_eq!(pick_tiling(&g(4032, 2560), 2, 132), wide(2));
-            // More than one wave of wide tiles (> 6 x 132): the large tiling on the persistent
-            // grid with PERSISTENT_MID.
-            let mid = |e: usize| {
-                if PERSISTENT_GRID && PERSISTENT_MID {
-                    Tiling::new(e, 128)
-                } else {
-                    wide(e)
-                }
-            };
-            assert_eq!(pick_tiling(&g(4032, 7168), 1, 132), mid(1));
-            assert_eq!(pick_tiling(&g(8064, 4096), 1, 132), mid(1));
-            assert_eq!(pick_tiling(&g(4032, 4096), 2, 132), mid(2));
-            assert_eq!(pick_tiling(&g(8064, 2048), 2, 132), mid(2));
-            assert_eq!(pick_tiling(&g(4032, 6144), 1, 132), wide(1));
-            assert_eq!(pick_tiling(&g(8064, 3072), 1, 132), wide(1));
             // 4032 x 576 e4m3 has 126 wide tiles for 132 SMs: one band.
             assert_eq!(pick_tiling(&g(4032, 576), 1, 132), narrow(1));
             assert_eq!(pick_tiling(&g(16, 16), 4, 132), narrow(4));

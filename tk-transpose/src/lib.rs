@@ -24,6 +24,5 @@ pub mod reference;
 #[cfg(feature = "cuda")]
 pub use batched_transpose::{
     batched_transpose, batched_transpose_into, batched_transpose_into_tiled, prewarm,
-    registered_kernels, transpose, transpose_into, transpose_into_tiled, Path, Tiling,
-    PERSISTENT_GRID, PERSISTENT_MID,
+    registered_kernels, transpose, transpose_into, transpose_into_tiled, Tiling,
 };

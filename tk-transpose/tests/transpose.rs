@@ -206,40 +206,11 @@ fn gpu_transpose_grid_y_loop() {
     check_on_gpu(&dev, &case, &buf, &buf.view());
 }
 
-/// Runs the explicit-tiling op (per `x`'s rank) with every supported tiling that `keep` accepts
-/// and compares each result with `expected` bit for bit; returns how many tilings ran.
-fn check_tilings<T: Element>(
-    dev: &Device,
-    case: &str,
-    x: &DeviceView<'_, T>,
-    expected: &HostTensor<T>,
-    keep: impl Fn(&Tiling) -> bool,
-) -> usize {
-    let e = std::mem::size_of::<T>();
-    let mut n = 0;
-    for t in Tiling::supported(e).filter(|t| keep(t)) {
-        let mut out = dev.alloc::<T>(expected.shape()).unwrap();
-        poison(&mut out).unwrap();
-        if x.layout().rank() == 2 {
-            transpose_into_tiled(x, &mut out.view_mut(), t).unwrap();
-        } else {
-            batched_transpose_into_tiled(x, &mut out.view_mut(), t).unwrap();
-        }
-        let got = out.to_host().unwrap();
-        assert_bits_eq(
-            &format!("{case} {t:?}"),
-            got.as_slice(),
-            expected.as_slice(),
-        );
-        n += 1;
-    }
-    n
-}
-
 /// Every tiling of the staged-tile kernel (the explicit-tiling ops the bench uses to compare
 /// them) on a spec shape with partial tiles along both axes, 2-D with row stride 2K and batched
 /// with padded rows; bit-exact against the CPU reference.
 fn every_tiling<T: Element>(dev: &Device, dtype: &str) {
+    let e = std::mem::size_of::<T>();
     let (m, k) = (4032, 576);
     let case = format!("tiled transpose M={m} K={k} {dtype}");
     let buf = par_random_bits::<T>(&[m, 2 * k], case_seed(&case));
@@ -247,7 +218,6 @@ fn every_tiling<T: Element>(dev: &Device, dtype: &str) {
     let expected = reference::transpose(&view).unwrap();
     let dbuf = dev.upload(&buf).unwrap();
     let x = dbuf.view().narrow(1, 0, k).unwrap();
-    let n = check_tilings(dev, &case, &x, &expected, |_| true);
     let (b, rows) = (3, 136);
     let bcase = format!("tiled batched_transpose B={b} X=128 Y=384 rows/batch={rows} {dtype}");
     let bbuf = par_random_bits::<T>(&[b, rows, 384], case_seed(&bcase));
@@ -255,37 +225,30 @@ fn every_tiling<T: Element>(dev: &Device, dtype: &str) {
     let bexpected = reference::batched_transpose(&bview).unwrap();
     let dbbuf = dev.upload(&bbuf).unwrap();
     let bx = dbbuf.view().narrow(1, 0, 128).unwrap();
-    assert_eq!(check_tilings(dev, &bcase, &bx, &bexpected, |_| true), n);
-    println!("{dtype}: {n} tilings bit-exact");
-}
-
-/// The persistent grid (`Path::Persistent`: tiles of at most 16 KB, more than one wave of the
-/// one-tile grid) under every tiling it takes: about 58 MB of input, so every tiling has more
-/// than 24 tiles per SM (the most blocks per SM any tiling guarantees) on up to 148 SMs; partial
-/// tiles along both axes, padded rows and batch stride, several tiles per block and blocks
-/// whose tiles cross batch boundaries. Bit-exact against the CPU reference.
-fn persistent_tilings<T: Element>(dev: &Device, dtype: &str) {
-    let e = std::mem::size_of::<T>();
-    let v = 16 / e;
-    let (b, x, rows, y) = (7, 2000, 2003, 4112 / e);
-    let case = format!(
-        "persistent tiled batched_transpose B={b} X={x} Y={y} rows/batch={rows} row stride {} {dtype}",
-        y + v
+    for t in Tiling::supported(e) {
+        let mut out = dev.alloc::<T>(expected.shape()).unwrap();
+        poison(&mut out).unwrap();
+        transpose_into_tiled(&x, &mut out.view_mut(), t).unwrap();
+        let got = out.to_host().unwrap();
+        assert_bits_eq(
+            &format!("{case} {t:?}"),
+            got.as_slice(),
+            expected.as_slice(),
+        );
+        let mut bout = dev.alloc::<T>(bexpected.shape()).unwrap();
+        poison(&mut bout).unwrap();
+        batched_transpose_into_tiled(&bx, &mut bout.view_mut(), t).unwrap();
+        let got = bout.to_host().unwrap();
+        assert_bits_eq(
+            &format!("{bcase} {t:?}"),
+            got.as_slice(),
+            bexpected.as_slice(),
+        );
+    }
+    println!(
+        "{dtype}: {} tilings bit-exact",
+        Tiling::supported(e).count()
     );
-    let buf = par_random_bits::<T>(&[b, rows, y + v], case_seed(&case));
-    let view = buf.view().narrow(1, 0, x).unwrap().narrow(2, 0, y).unwrap();
-    let expected = reference::batched_transpose(&view).unwrap();
-    let dbuf = dev.upload(&buf).unwrap();
-    let dx = dbuf
-        .view()
-        .narrow(1, 0, x)
-        .unwrap()
-        .narrow(2, 0, y)
-        .unwrap();
-    let n = check_tilings(dev, &case, &dx, &expected, |t| {
-        t.tile_bytes() <= Tiling::PERSISTENT_MAX_TILE_BYTES
-    });
-    println!("{dtype}: {n} persistent tilings bit-exact");
 }
 
 #[test]
@@ -296,9 +259,6 @@ fn gpu_transpose_every_tiling() {
     every_tiling::<F8E4M3>(&dev, "e4m3");
     every_tiling::<bf16>(&dev, "bf16");
     every_tiling::<f32>(&dev, "fp32");
-    persistent_tilings::<F8E4M3>(&dev, "e4m3");
-    persistent_tilings::<bf16>(&dev, "bf16");
-    persistent_tilings::<f32>(&dev, "fp32");
     // An unsupported tiling, and an input the staged kernel cannot take, are typed errors.
     let x = dev.upload(&par_random_bits::<bf16>(&[64, 64], 4)).unwrap();
     let mut out = dev.alloc::<bf16>(&[64, 64]).unwrap();
