@@ -302,17 +302,14 @@ static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK m
 constexpr int SF_G = TKC / TK_BK >= 4 ? 4 : TKC / TK_BK;  // blocks per scale store
 constexpr bool SF_WORDS = TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK > 1 && SF_G >= 2;
 
-// TK_AMAX_PAIR (default 1; 0 for the A/B comparison): per-token tiles of bf16 input reduce the
-// group maxima of two rows at once. A bf16 |x| maximum is itself a bf16, so rows i and i + 1
+// Per-token tiles of bf16 input reduce the group maxima of two rows at once (H200: 0.7 % faster
+// on average over the per-token casts, up to 6 %, than a shuffle chain per row). A bf16 |x| maximum is itself a bf16, so rows i and i + 1
 // travel as one packed pair through the LK-lane butterfly: one SHFL and one max.bf16x2 per level
 // for two rows instead of a SHFL and an FMNMX per row (npc=128, FK 1: 4 levels, 8 SHFL + 8 FMNMX
 // fewer per 4 rows), and the two rows' lane maxima are folded by 2 PRMT + 1 max.bf16x2 instead
 // of 2 x (2 unpacks + 2 FMNMX). max.bf16x2 ignores NaN like fmaxf; a group of NaN only gives NaN
 // instead of 0, and compute_scale maps both to eps (fmaxf(amax, eps)): the same scales.
-#ifndef TK_AMAX_PAIR
-#define TK_AMAX_PAIR 1
-#endif
-constexpr bool AMAX_PAIRS = TK_AMAX_PAIR && TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 == 0;
+constexpr bool AMAX_PAIRS = TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 == 0;
 
 #if TK_IN == 1
 // (2,) bf16 lane-wise max of |x| over the FK fragments of one row (NaN ignored, +0 if none).
@@ -326,26 +323,20 @@ __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
 }
 #endif
 
-// TK_SF_PAD_TILE (default 1; 0 for the A/B comparison): the row padding of layout C (zero words
-// in rows nbm..ra below the last row) is written once per tile, after the row loop, by the lanes
-// holding row nbm - 1, instead of being tested for in every row's scale store: the test
-// r + 1 == nbm and the padding loop's bounds cost ~15 issued instructions per row (64-bit
-// compares, the loop's trip count computed ahead of the branch; SASS sm_90a, bf16 -> e4m3
-// npc=128). The same bytes, each written once.
-#ifndef TK_SF_PAD_TILE
-#define TK_SF_PAD_TILE 1
-#endif
+// The row padding of layout C (zero words in rows nbm..ra below the last row) is written once
+// per tile, after the row loop, by the lanes holding row nbm - 1, instead of being tested for in
+// every row's scale store: the test r + 1 == nbm and the padding loop's bounds cost ~15 issued
+// instructions per row (64-bit compares, the loop's trip count computed ahead of the branch;
+// SASS sm_90a, bf16 -> e4m3 npc=128). The same bytes, each written once. H200: the per-row test
+// was 8 % slower on average over the per-token casts, up to 25 %.
 
-// TK_ROWPTR (default 1; 0 for the A/B comparison; vector accesses only): a tile's input rows are
-// addressed from one row pointer (at the thread's first column, computed once per column tile)
+// ROWPTR (vector accesses only): a tile's input rows are addressed from one row pointer (at the thread's first column, computed once per column tile)
 // stepped by the row stride in bytes, instead of r * ldx + c per fragment: the SASS of
 // per-token bf16 -> e4m3 npc=128 formed each of the 4 row addresses from scratch (64-bit
 // multiply, the column offset shifted and masked again under each load's predicate: ~70 issued
-// instructions for the tile's 4 loads).
-#ifndef TK_ROWPTR
-#define TK_ROWPTR 1
-#endif
-#define ROWPTR (TK_ROWPTR && TK_VECIO)  // element accesses keep load_frag (per-channel blocks spilled)
+// instructions for the tile's 4 loads). H200: per-block casts 3 % faster on average (up to
+// 16 %), per-token 0.8 %.
+#define ROWPTR (TK_VECIO != 0)  // element accesses keep load_frag (per-channel blocks spilled)
 
 #if TK_MODE != 2
 // The layout-C word column of this lane's block (SF_WORDS): lane lx % (SF_G LK) == 0 writes
@@ -371,8 +362,8 @@ struct SfWordColumn {
 // kb.. of one store of layout C (storage (ceil(nbk/4), ra) int32 as bytes); lane lx % (SF_G LK)
 // == 0 writes them, with zero bytes for blocks >= nbk (their lanes have c0 >= K). A pair in the
 // low half of a word whose high half holds only blocks >= nbk (no other writer) writes the whole
-// word, zeros above: the column padding. The row padding: store_sf_word_pad (TK_SF_PAD_TILE), or
-// here by the last row. The same bytes as store_scale<2>.
+// word, zeros above: the column padding. The row padding: store_sf_word_pad. The same bytes as
+// store_scale<2>.
 __device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 lx, bool row_ok, float sf) {
     u32 w = c0 < PK ? __float_as_uint(sf) >> 23 : 0u;  // this lane's UE8M0 byte (sf > 0)
     w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;     // bytes of blocks kb, kb + 1
@@ -380,11 +371,9 @@ __device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 
     if (!row_ok || lx % (SF_G * LK) != 0) return;
     const SfWordColumn col(p, c0);
     col.put(r, w);
-    if (!TK_SF_PAD_TILE && r + 1 == PNBM)
-        for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
 }
 
-// The row padding of this lane's word column (SF_WORDS, TK_SF_PAD_TILE): zeros in rows nbm..ra,
+// The row padding of this lane's word column (SF_WORDS): zeros in rows nbm..ra,
 // written by the lane that stores row nbm - 1's word (col_ok, lx % (SF_G LK) == 0).
 __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx) {
     if (c0 >= PK || lx % (SF_G * LK) != 0) return;
@@ -400,8 +389,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     const ix tiles_m = (PM + TM - 1) / TM, tiles_k = (PK + TKC - 1) / TKC;
     // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands), y row
     // tiles; taller blocks: x row tiles, y column tiles. Column tiles are the outer loop, so a CTA
-    // that walks several row tiles (per-token: the host's PT_ROW_TILES) keeps the column-dependent
-    // work (column indices and masks, the scale column offsets) out of its row loop.
+    // that walks several row tiles (per-token with quantized input: QUANT_ROW_TILES in
+    // src/cast.rs) keeps the column-dependent work (column indices and masks, the scale column
+    // offsets) out of its row loop.
 #if ROWPTR
     const u64 ldx_bytes = (u64)PLDX * IN_STORAGE_BYTES;  // bytes between input rows
 #endif
@@ -500,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 }
 #endif
             }
-            if constexpr (SF_WORDS && TK_SF_PAD_TILE) {
+            if constexpr (SF_WORDS) {
                 if (r0 < PNBM && PNBM <= r0 + RPT) store_sf_word_pad(p, c0, lx);  // this thread holds row nbm - 1
             }
             continue;

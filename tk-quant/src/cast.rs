@@ -207,15 +207,16 @@ fn fits_idx32(a: &CastArgs) -> bool {
 /// flight.
 const QUANT_MIN_BLOCKS: usize = 3;
 
-/// Row tiles each CTA of a per-token tiled cast walks (A/B knob: 1 is the previous grid, one
-/// tile per CTA). A per-token tile is only 4 fragments per thread, and the kernel spent about as
-/// many instructions on the tile's setup (block and thread indices, 64-bit column offsets, the
-/// masks, the layout-C scale column address) as on a row's amax, scale and cast (SASS sm_90a,
-/// bf16 -> e4m3 npc=128: ~150 of ~330 issued per tile before the first row's data); the column
-/// tile is the kernel's outer loop, so the row loop keeps that work hoisted. 4 keeps ~3 waves
-/// of CTAs at 8001x7168 (251 row tiles x 28 column tiles / 4 over 528 slots), so the hardware
-/// scheduler still balances the tail.
-const PT_ROW_TILES: usize = 4;
+/// Row tiles each CTA of a per-token tiled cast of quantized input walks (plain input: one). A
+/// per-token tile is only 4 fragments per thread, and the kernel spent about as many
+/// instructions on the tile's setup (block and thread indices, 64-bit column offsets, the masks,
+/// the layout-C scale column address) as on a row's amax, scale and cast (SASS sm_90a, bf16 ->
+/// e4m3 npc=128: ~150 of ~330 issued per tile before the first row's data); the column tile is
+/// the kernel's outer loop, so the row loop keeps that work hoisted. On the H200 (2026-12-01,
+/// meas16) 4 tiles per CTA made the casts of quantized input 3.7 % faster, but the plain-input
+/// casts 3 % slower on average (bf16 npc=128 up to 16 %: 8001x7168 -> e4m3 48.9 vs 44.6 us),
+/// which gain more from the scheduler's balancing of one-tile CTAs.
+const QUANT_ROW_TILES: usize = 4;
 
 /// `TK_MINB` of per-token tiles of plain input with power-of-two scales (A/B knob: 4 is the
 /// previous value). After the tile-level changes of session 5 (row padding once per tile, row
@@ -291,6 +292,15 @@ impl CastKernel {
                 .define("TK_LX", self.lx())
                 .define("TK_FK", self.fk())
                 .define("TK_MINB", self.min_blocks()),
+        }
+    }
+
+    /// Row tiles a per-token CTA walks: [`QUANT_ROW_TILES`] for quantized input, else 1.
+    fn row_tiles(&self) -> usize {
+        if matches!(self.input, InputKind::Quantized { .. }) {
+            QUANT_ROW_TILES
+        } else {
+            1
         }
     }
 
@@ -431,12 +441,12 @@ impl CastKernel {
                 };
                 let tk = self.lx() * self.vec() * self.fk();
                 LaunchConfig {
-                    // Per-token: x along column tiles, y along row tiles (each CTA walks up to
-                    // PT_ROW_TILES of them); else the reverse.
+                    // Per-token: x along column tiles, y along row tiles (a CTA walks up to
+                    // QUANT_ROW_TILES of them with quantized input, else one); else the reverse.
                     grid_dim: if self.block.0 == 1 {
                         (
                             plan.k.div_ceil(tk).min(big) as u32,
-                            plan.m.div_ceil(tm).div_ceil(PT_ROW_TILES).min(65535) as u32,
+                            plan.m.div_ceil(tm).div_ceil(self.row_tiles()).min(65535) as u32,
                             1,
                         )
                     } else {
