@@ -225,8 +225,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // One task per warp, task = task0 + global warp index (the host launches as many warps as
 // tasks, in launches of at most 2^30 blocks: no grid-stride loop state stays live beside the
 // loads): tasks [0, head) are tokens [0, head), all n vectors; tokens [head, T) are TK_SPLIT
-// tasks each, task c covering the vectors [c·chunk, min(n, (c+1)·chunk)) (chunk: a multiple of
-// 32 vectors; an empty range is skipped).
+// tasks each, task c covering the vectors [c·chunk, min(n, (c+1)·chunk)) (the host splits only
+// when TK_SPLIT divides n, chunk = n / TK_SPLIT; an empty range is skipped).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     tk_reduce_fused(out_vec_t* __restrict__ out, const in_vec_t* __restrict__ x, u64 ldx, const float* __restrict__ x_sf,
                     u64 ld_xsf, const float* __restrict__ w, u64 ld_w, const i32* __restrict__ ttp, u64 ld_ttp,
