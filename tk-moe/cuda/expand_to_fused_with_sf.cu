@@ -23,10 +23,29 @@
 #error "TK_SF_COL must be defined"
 #endif
 
+// TK_SF_ROWS (column-major scales only; default 1, 0 = before, an A/B knob): the zero tasks
+// become row-group tasks that write EVERY scale of their 32 rows, column by column: lane l finds
+// the token of row p0 + l (src and the map, as row_targeted), the warp loads the 32 rows' scale
+// rows (one coalesced load per row) into a shared 32 x 33 tile, then stores column j of the 32
+// rows as one 128-byte store (out_sf[j, p0 .. p0 + 31] is contiguous). Before, each copy task
+// stored its token's hs scales per slot with one 4-byte store per column: hs partial 32-byte
+// sectors per fused row (14 per row at H = 7168, npc = 128 packed UE8M0), 8 rows sharing each
+// sector at different times; now 4 full sectors per 32 rows and column. The copy tasks then
+// write no scale.
+// On sm_100a (not measured) the default stays 0: ptxas spilled 16-28 bytes at 64 registers.
+#ifndef TK_SF_ROWS
+#if __CUDA_ARCH__ >= 1000
+#define TK_SF_ROWS 0
+#else
+#define TK_SF_ROWS 1
+#endif
+#endif
+
 using namespace tkm;
 typedef tk::uint_of_size<TK_VEC>::type vec_t;
 constexpr int WARPS = 8;
 constexpr int KG = (TK_K + 31) / 32;
+constexpr bool SF_ROWS = TK_SF_COL && TK_SF_ROWS;
 
 // Offset of scale (p, j) in out_sf's storage.
 __device__ __forceinline__ u64 osf_index(u64 p, u64 j, u64 hs, u64 ld_osf) {
@@ -41,6 +60,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
     const u32* __restrict__ sf, u64 ld_sf, u64 hs, u64 ld_osf, const i32* __restrict__ ttp, u64 ld_ttp,
     const u32* __restrict__ src, u64 T, u64 M) {
     const u32 lane = threadIdx.x % 32;
+#if TK_SF_COL && TK_SF_ROWS
+    __shared__ u32 tiles[WARPS][32][33];  // (WARPS, 32 rows, 32 columns + 1) per warp: scales
+    u32(*const tile)[33] = tiles[threadIdx.x / 32];
+#endif
     const u64 zero_rows = TK_SF_COL ? ld_osf : M;
     const u64 Z = (zero_rows + 31) / 32;  // zero tasks
     for (u64 task = (u64)blockIdx.x * WARPS + threadIdx.x / 32; task < Z + T; task += (u64)gridDim.x * WARPS) {
@@ -54,8 +77,9 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
             }
             const u32* srow = sf + t * ld_sf;  // (hs,) scales of token t
             // The first 32 scales are loaded before the data row, so their latency overlaps it.
-            const u32 first = lane < hs ? __ldg(srow + lane) : 0u;
+            const u32 first = !SF_ROWS && lane < hs ? __ldg(srow + lane) : 0u;
             warp_scatter_row<vec_t, 8, KG>(out, x + t * ldx, n, pos, TK_K, lane);
+            if (SF_ROWS) continue;  // the row-group tasks write the scales
             for (u64 j0 = 0; j0 < hs; j0 += 32) {  // the whole warp iterates: shuffles need every lane
                 const u64 j = j0 + lane;
                 const u32 v = j0 == 0 ? first : j < hs ? __ldg(srow + j) : 0u;
@@ -68,6 +92,30 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
                     }
                 }
             }
+        } else if (SF_ROWS) {
+#if TK_SF_COL && TK_SF_ROWS
+            const u64 p0 = 32 * task, p = p0 + lane;
+            u32 tok = ~0u;  // the token whose row p is (~0: untargeted, or p >= M; T*K <= i32::MAX, checked by mark_rows)
+            if (p < M) {
+                const u64 i = targeting_slot(src, ttp, ld_ttp, T, TK_K, M, p);
+                if (i < T * TK_K) tok = (u32)(i / TK_K);
+            }
+            for (u32 m = __ballot_sync(0xffffffffu, p < M && tok == ~0u); m != 0; m &= m - 1)
+                warp_zero_row(out + (p0 + __ffs(m) - 1) * n, n, lane);
+            for (u64 j0 = 0; j0 < hs; j0 += 32) {  // the whole warp iterates: shuffles need every lane
+                const u64 j = j0 + lane;
+#pragma unroll 8
+                for (int r = 0; r < 32; ++r) {  // row p0 + r's scales j0 .. j0 + 31, one lane each
+                    const u32 tr = __shfl_sync(0xffffffffu, tok, r);
+                    tile[r][lane] = tr != ~0u && j < hs ? __ldg(sf + (u64)tr * ld_sf + j) : 0u;
+                }
+                __syncwarp();
+                const u32 jn = (u32)min((u64)32, hs - j0);
+                if (p < zero_rows)
+                    for (u32 c = 0; c < jn; ++c) out_sf[(j0 + c) * ld_osf + p] = tile[lane][c];
+                __syncwarp();  // the tile is read before the next columns overwrite it
+            }
+#endif
         } else {
             warp_zero_untargeted(src, ttp, ld_ttp, T, TK_K, M, zero_rows, 32 * task, lane, [&](u64 p) {
                 if (p < M) warp_zero_row(out + p * n, n, lane);

@@ -164,6 +164,15 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
     for (u32 e = threadIdx.x; e < E; e += COUNT_THREADS) put(e, atomicExch(bins + e, 0u));
 }
 
+// The flat slot i = t*K + k of a legal slot targeting fused row p (the one tk_expand_mark
+// recorded), or T*K when no slot targets p (see row_targeted).
+__device__ __forceinline__ u64 targeting_slot(const u32* __restrict__ src, const i32* __restrict__ ttp, u64 ld_ttp,
+                                              u64 T, u32 K, u64 M, u64 p) {
+    const u64 i = src[p];
+    if (i >= T * K) return T * K;
+    return legal_or_minus_one(__ldg(ttp + (i / K) * ld_ttp + i % K), (i64)M) == (i64)p ? i : T * K;
+}
+
 // expand_to_fused(_with_sf): true when fused row p is targeted by a legal slot. src[p] is written
 // by tk_expand_mark (the flat slot i = t*K + k of one slot targeting p) for every targeted row
 // and left uninitialised otherwise; it must name a slot i < T*K whose position is p. A stale
@@ -171,9 +180,7 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
 // zero-initialising src.
 __device__ __forceinline__ bool row_targeted(const u32* __restrict__ src, const i32* __restrict__ ttp, u64 ld_ttp,
                                              u64 T, u32 K, u64 M, u64 p) {
-    const u64 i = src[p];
-    if (i >= T * K) return false;
-    return legal_or_minus_one(__ldg(ttp + (i / K) * ld_ttp + i % K), (i64)M) == (i64)p;
+    return targeting_slot(src, ttp, ld_ttp, T, K, M, p) < T * K;
 }
 
 // expand_to_fused(_with_sf): the rows no legal slot targets, 32 at a time, so that a warp's

@@ -282,11 +282,12 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`).
 ///
-/// **Kernel** (`cuda/reduce_fused.cu`): one warp per token, one token per block (a block's SM
+/// **Kernel** (`cuda/reduce_fused.cu`): one warp per token (the last `24 · sm_count` tokens:
+/// one warp per quarter row, so the kernel ends on short tasks), one per block (a block's SM
 /// slot is freed as soon as its token is done, whatever its neighbours' legal slots); lane `j` first computes slot `j`'s
 /// row and scalar `s = w·x_sf[p]`, the legal slots are compacted in slot order, then the warp
-/// sweeps the columns in batches of up to 8 16-byte loads per lane in flight whatever the
-/// number of legal slots (one legal slot: 8 column vectors; eight: one vector of each),
+/// sweeps the columns in batches of 8-14 16-byte loads per lane in flight whatever the
+/// number of legal slots (one legal slot: 14 column vectors; eight: one vector of each),
 /// accumulating with `__fmaf_rn` in slot order and storing its converted outputs. Bit-exact with the CPU reference (explicit `__fmaf_rn` /
 /// `__fmul_rn`; `cvt.rn` to bf16/f16, `cvt.rn.satfinite` to e4m3). Each warp also prefetches
 /// into L2 the positions and weights of the token `4 · sm_count` tokens ahead, so that the
@@ -322,6 +323,14 @@ mod gpu {
     const TOKENS_PER_BLOCK: usize = 1;
     /// The L2 prefetch distance in tokens per SM (about one 4-token block per SM ahead).
     const PREFETCH_TOKENS_PER_SM: usize = 4;
+    /// Tail tokens per SM (an A/B knob; 0 = every token is one task, the earlier kernel): the
+    /// last `TAIL_TOKENS_PER_SM · sm_count` tokens are split into [`TAIL_SPLIT`] column chunks,
+    /// one warp each, so that the kernel ends on short tasks instead of a few multi-slot tokens
+    /// finishing alone on otherwise idle SMs (`cuda/reduce_fused.cu`). 24 per SM: about the
+    /// work an SM does while a 3-slot token started under full load finishes.
+    const TAIL_TOKENS_PER_SM: usize = 24;
+    /// Column chunks per tail token (the kernel's `TK_SPLIT`; 1 = no split).
+    const TAIL_SPLIT: usize = 4;
 
     /// The device tensor arguments of `reduce_fused`: [`ReduceFusedTensors`] of device views.
     pub type DeviceReduceFusedInputs<'a, T> =
@@ -361,6 +370,7 @@ mod gpu {
             .define("TK_XSF", o.x_sf as u8)
             .define("TK_SF", o.sf as u8)
             .define("TK_TPB", TOKENS_PER_BLOCK)
+            .define("TK_SPLIT", TAIL_SPLIT)
     }
 
     /// Representative specialisations (the spec's benchmark: K = 6 with weights, fp32 / bf16
@@ -520,34 +530,57 @@ mod gpu {
         let ld_ttp = row_stride(inputs.token_topk_to_pos.layout());
         let (t, m) = (shape.num_tokens as u64, shape.num_rows as u64);
         // The L2 prefetch distance: a few tokens per SM ahead (cuda/reduce_fused.cu).
-        let ahead = (dev.props().sm_count as usize * PREFETCH_TOKENS_PER_SM) as u64;
-        let mut l = dev.stream().launch_builder(&f);
-        l.arg(&out_addr)
-            .arg(&x_addr)
-            .arg(&ldx)
-            .arg(&xsf_addr)
-            .arg(&ld_xsf)
-            .arg(&w_addr)
-            .arg(&ld_w)
-            .arg(&ttp)
-            .arg(&ld_ttp)
-            .arg(&sf_addr)
-            .arg(&t)
-            .arg(&m)
-            .arg(&n)
-            .arg(&ahead);
-        // SAFETY: validation bounds every access (the L2 prefetches too: token rows < T): x rows p < M only (other entries are skipped
-        // by the kernel), x_sf[p] for the same p, weights and the map (T, K), sf[0], out (T, H)
-        // contiguous; absent tensors (null) are never read (their specialisation flag is 0); the
-        // access width divides every address, pitch and row length; the buffers outlive the
-        // stream-ordered launch.
-        unsafe {
-            l.launch(config(
-                blocks(shape.num_tokens, TOKENS_PER_BLOCK),
-                32 * TOKENS_PER_BLOCK as u32,
-            ))
+        let sm_count = dev.props().sm_count as usize;
+        let ahead = (sm_count * PREFETCH_TOKENS_PER_SM) as u64;
+        // Tokens [0, head) are whole tasks, the rest TAIL_SPLIT chunks of `chunk = n /
+        // TAIL_SPLIT` vectors each (no split unless TAIL_SPLIT divides n: the kernel's tail
+        // tasks take the chunk length from the constant bank).
+        let split = n % TAIL_SPLIT as u64 == 0;
+        let tail = if split {
+            shape.num_tokens.min(TAIL_TOKENS_PER_SM * sm_count)
+        } else {
+            0
+        };
+        let head = (shape.num_tokens - tail) as u64;
+        let chunk = n / TAIL_SPLIT as u64;
+        let tasks = shape.num_tokens - tail + TAIL_SPLIT * tail;
+        // One warp per task, at most 2^30 blocks per launch (the kernel has no grid-stride loop).
+        let per_launch = (1usize << 30) * TOKENS_PER_BLOCK;
+        for task0 in (0..tasks).step_by(per_launch) {
+            let task0_arg = task0 as u64;
+            let mut l = dev.stream().launch_builder(&f);
+            l.arg(&out_addr)
+                .arg(&x_addr)
+                .arg(&ldx)
+                .arg(&xsf_addr)
+                .arg(&ld_xsf)
+                .arg(&w_addr)
+                .arg(&ld_w)
+                .arg(&ttp)
+                .arg(&ld_ttp)
+                .arg(&sf_addr)
+                .arg(&t)
+                .arg(&m)
+                .arg(&n)
+                .arg(&ahead)
+                .arg(&head)
+                .arg(&chunk)
+                .arg(&task0_arg);
+            // SAFETY: validation bounds every access (the L2 prefetches too: token rows < T; a
+            // task's token is < T and its columns lie in [0, n): TAIL_SPLIT · chunk = n when
+            // head < T): x rows p < M only (other
+            // entries are skipped by the kernel), x_sf[p] for the same p, weights and the map
+            // (T, K), sf[0], out (T, H) contiguous; absent tensors (null) are never read (their
+            // specialisation flag is 0); the access width divides every address, pitch and row
+            // length; the buffers outlive the stream-ordered launch.
+            unsafe {
+                l.launch(config(
+                    blocks((tasks - task0).min(per_launch), TOKENS_PER_BLOCK),
+                    32 * TOKENS_PER_BLOCK as u32,
+                ))
+            }
+            .ctx("launching tk_reduce_fused")?;
         }
-        .ctx("launching tk_reduce_fused")?;
         Ok(())
     }
 }
