@@ -218,6 +218,30 @@ const QUANT_MIN_BLOCKS: usize = 3;
 /// which gain more from the scheduler's balancing of one-tile CTAs.
 const QUANT_ROW_TILES: usize = 4;
 
+/// Whole-row casts (one scale per row) pick a CTA width that divides the row's fragments
+/// exactly when one gives 2..=8 fragments per thread (else the width for about 4 per thread,
+/// the last fragment masked for some warps). At K = 7168 bf16 (896 fragments of 8) the old
+/// width, 256 threads x 4, left the 4th fragment to half the warps: its registers held for
+/// nothing (fewer resident CTAs) and its masks and addresses issued by every warp; 128 x 7 has
+/// no masked fragment. `false` restores the old width for an A/B run.
+const WHOLE_ROW_EXACT: bool = true;
+
+/// (threads per CTA, fragments per thread) of the whole-row path for a row of `frags`
+/// fragments (see [`WHOLE_ROW_EXACT`]).
+fn whole_row_shape(frags: usize) -> (usize, usize) {
+    let exact = (5..=10)
+        .map(|j| 1usize << j)
+        .filter(|t| frags % t == 0 && (2..=8).contains(&(frags / t)))
+        .min_by_key(|t| (frags / t).abs_diff(4) * 2 + usize::from(frags / t < 4));
+    match exact {
+        Some(t) if WHOLE_ROW_EXACT => (t, frags / t),
+        _ => {
+            let t = frags.div_ceil(4).next_power_of_two().clamp(32, 1024);
+            (t, frags.div_ceil(t))
+        }
+    }
+}
+
 /// `TK_MINB` of per-token tiles of plain input with power-of-two scales: these kernels need
 /// 47-56 registers at a cap of 64 (4-5 resident CTAs per SM); capped at 40 (6 CTAs, 48 warps)
 /// ptxas fits every variant without spills (sm_90a: bf16 -> e4m3 / e2m1 and fp32 -> e4m3 /
@@ -395,9 +419,7 @@ impl CastKernel {
         }
         let plain = !matches!(input, InputKind::Quantized { .. });
         if bm == 1 && bk >= plan.k && plain && mode == CastMode::Cast {
-            let frags = plan.k.div_ceil(vec);
-            let threads = frags.div_ceil(4).next_power_of_two().clamp(32, 1024);
-            let nf = frags.div_ceil(threads);
+            let (threads, nf) = whole_row_shape(plan.k.div_ceil(vec));
             if nf <= 32 {
                 kernel.block = (1, 0);
                 kernel.whole_row = Some((threads, nf));
@@ -521,7 +543,8 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     round_sf: false,
                     mode: CastMode::Cast,
                     vecio: true,
-                    whole_row: Some((256, 4)),
+                    // The benchmark's hidden size.
+                    whole_row: Some(whole_row_shape(7168 / vec_of(input, target))),
                     idx32: false,
                 }
                 .with_idx32(true)
