@@ -91,7 +91,7 @@ constexpr int KG = (TK_K + 31) / 32;
 constexpr int LOADS = 8;  // compacted slots per batch of the multi-batch sweep
 // Vector loads per lane in flight for a token whose legal slots fit one batch (sweep_batch:
 // at most LOADS slots in one slot group): LOADS_ONE / SB column vectors of each of SB slots.
-// TK_LOADS_ONE (default 14 on sm_90a; 16 before the tail split, 8 before that: an A/B knob):
+// TK_LOADS_ONE (per architecture: 14 on sm_90a; 16 before the tail split, 8 before that):
 // 7 KB per warp in flight, 2 full rounds per H = 7168 bf16 row for a single-slot token (16 gave
 // 16 + 12 loads: the same 2 rounds). 14 because the tail split's column bound (a register,
 // where the head's was the argument n) made 16 spill 4-12 bytes at 96 registers (fp32 and

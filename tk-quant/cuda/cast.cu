@@ -75,12 +75,10 @@ using tkq::bf16x2_max;  // lane-wise max of two bf16 pairs (a NaN lane gives the
 // Columns >= K give 0.
 __device__ __forceinline__ void values(const Params& p, const Raw& raw, ix r, ix c0, float (&v)[VEC]) {
 #if TK_IN == 2
-    // e4m3: two codes per conversion (cvt.rn.f16x2.e4m3x2, the instruction decode_elem's
-    // __nv_cvt_fp8_to_halfraw issues for one code: the same halves), then exact widening.
+    // e4m3: two codes per conversion (tkq::e4m3x2_value).
 #pragma unroll
     for (int j = 0; j < VEC; j += 2) {
-        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(raw.w[j / 4] >> (8 * (j % 4))), __NV_E4M3);
-        const float2 f = __half22float2(__half2(h));
+        const float2 f = tkq::e4m3x2_value(raw.w[j / 4], j % 4);  // (2,) values j, j + 1
         v[j] = f.x;
         v[j + 1] = f.y;
     }

@@ -52,12 +52,12 @@ constexpr bool TASK_SCALE = TK_BK % SEG == 0;  // one scale block holds a whole 
 static_assert(PAIR == 1 || (PAIR == 2 && TK_IN != 2), "e4m3 fragments are one store wide");
 static_assert(!TK_SF_VEC || (TK_IN_SF == 0 && TK_BK == 1), "vector scale loads need fp32 scales and TK_BK == 1");
 
-// Packed UE8M0 scales with one scale per
-// store whose groups of a task span whole int32 words (SEG a multiple of 4 * BK: npc=128 tasks
-// of 512 or 1024 columns, 1 or 2 words) are read as those NW words, once per task and warp-
-// uniform, and each store cuts its exponent byte out of them (a shift and a mask), instead of
-// one byte load per store with its own 64-bit address arithmetic (SASS sm_90a, e4m3 -> fp32
-// npc=128: 4 LDG.U8 per task and lane, ~12 address instructions each). Words wholly past the
+// Packed UE8M0 scales with one scale per store whose groups of a task span whole int32 words
+// (SEG a multiple of 4 * BK: npc=128 tasks of 512 or 1024 columns, 1 or 2 words) are read as
+// those NW words, once per task and warp-uniform, and each store cuts its exponent byte out of
+// them (a shift and a mask), instead of one byte load per store with its own 64-bit address
+// arithmetic (SASS sm_90a, e4m3 -> fp32 npc=128: 4 LDG.U8 per task and lane, ~12 address
+// instructions each). Words wholly past the
 // last scale column (a task running over the row end) are not read. H200: the byte loads were
 // 0.8 % slower on average over per_token_cast_back (up to 2 %).
 constexpr int NW = SEG / (4 * TK_BK) > 0 ? SEG / (4 * TK_BK) : 1;  // int32 scale words per task
@@ -119,14 +119,13 @@ __device__ __forceinline__ Raw second_half(const Raw& a) {
 // with power-of-two scales; NaN fails the test), the e2m1 values are multiplied by s * 2^126
 // straight from e2m1_value_m126: one FMUL per value instead of two (H200: e2m1 -> bf16 50.8 ->
 // 39.2 us). Other scales (large, infinite, NaN) take the two exact multiplies. bf16 output
-// only: the test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs.
-// For fp32 output with TASK_WORDS the
-// test is made once per task on its scale words (every UE8M0 byte <= 128, i.e. |s| < 4; warp-
-// uniform), so fp32 output takes the fused multiply too: per 4-value store 4 FMULs fewer for one
-// FMUL of s * 2^126 and a uniform branch (SASS sm_90a, e2m1 -> fp32 npc=128: ~42 -> ~37 issued
-// per store). bf16 output keeps its per-store test: with the task test ptxas recomputed the
-// word check at every store (7 instructions instead of 2). H200: within 0.5 % of the per-store
-// form (e2m1 -> fp32 npc=128 70.6 us, 86 % of the copy ceiling).
+// tests each store's scale. fp32 output only with TASK_WORDS, where the test is made once per
+// task on its scale words (every UE8M0 byte <= 128, i.e. |s| < 4; warp-uniform): a per-store
+// test and branch (3 instructions) per 4-value fp32 store would eat the 4 saved FMULs; per task
+// it leaves ~42 -> ~37 issued per store (SASS sm_90a, e2m1 -> fp32 npc=128). bf16 output keeps
+// its per-store test: with the task test ptxas recomputed the word check at every store (7
+// instructions instead of 2). H200: within 0.5 % of the per-store form (e2m1 -> fp32 npc=128
+// 70.6 us, 86 % of the copy ceiling).
 constexpr bool FUSED_TASK = TK_IN == 3 && TK_OUT == 0 && TASK_WORDS;
 constexpr bool E2M1_FUSED = TK_IN == 3 && SCALES_PER_STORE == 1 && (TK_OUT == 1 || FUSED_TASK);
 
@@ -234,14 +233,11 @@ extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
                     continue;
                 }
 #if TK_IN == 2
-                // e4m3: two codes per conversion (cvt.rn.f16x2.e4m3x2, the instruction
-                // decode_elem issues for one code: the same halves), then exact widening; per 4
-                // values 2 conversions and 1 shift instead of 4 byte extractions and 4 conversions
-                // (H200: within 0.5 % of the one-code form, both ways).
+                // e4m3: two codes per conversion (tkq::e4m3x2_value; H200: within 0.5 % of the
+                // one-code form, both ways).
 #pragma unroll
                 for (int q = 0; q < OUT_VEC; q += 2) {
-                    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(src.w[q / 4] >> (8 * (q % 4))), __NV_E4M3);
-                    const float2 f = __half22float2(__half2(hr));  // (2,) decoded values q, q + 1
+                    const float2 f = tkq::e4m3x2_value(src.w[q / 4], q % 4);  // (2,) decoded values q, q + 1
                     v[q] = __fmul_rn(f.x, s.s[SCALES_PER_STORE == 1 ? 0 : q]);
                     v[q + 1] = __fmul_rn(f.y, s.s[SCALES_PER_STORE == 1 ? 0 : q + 1]);
                 }

@@ -53,14 +53,11 @@ struct GatherSrc : pc::NoPipe {
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
 #if TK_IN == 2
-            // e4m3: two codes per conversion (cvt.rn.f16x2.e4m3x2, the instruction e4m3_value
-            // issues for one code: the same halves, exact), then exact widening: per 8 values
-            // 4 conversions and 3 shifts instead of 8 byte extractions and 8 conversions (H200:
-            // 5 % faster than one code per conversion, 2026-12-01).
+            // e4m3: two codes per conversion (tkq::e4m3x2_value; H200: 5 % faster than one code
+            // per conversion, 2026-12-01).
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
-                const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i][j / 4] >> (8 * (j % 4))), __NV_E4M3);
-                const float2 f = __half22float2(__half2(hr));  // (2,) decoded values j, j + 1
+                const float2 f = tkq::e4m3x2_value(w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
                 y[i][j] = __fmul_rn(f.x, sc[i]);
                 y[i][j + 1] = __fmul_rn(f.y, sc[i]);
             }

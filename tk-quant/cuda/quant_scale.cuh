@@ -54,6 +54,15 @@ __device__ __forceinline__ float e4m3_value(u32 code) {
     return __half2float(__half(h));
 }
 
+// The fp32 values of the e4m3 codes in bytes j and j + 1 of w (j even; exact): one
+// cvt.rn.f16x2.e4m3x2 for the pair (the instruction e4m3_value issues for one code: the same
+// halves), then exact widening; per 2 values 1 conversion and 1 shift instead of 2 byte
+// extractions and 2 conversions.
+__device__ __forceinline__ float2 e4m3x2_value(u32 w, int j) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (8 * j)), __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
 // FP4 e2m1 code of x: round to nearest even among {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating to 6;
 // the sign of zero is kept; NaN -> 7 (+6). Hopper has no e2m1 conversion instruction, so the
 // rounding is done by a float add: with s = the e2m1 spacing at |x| (0.5 below 2, then 1,
