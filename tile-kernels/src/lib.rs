@@ -41,6 +41,11 @@ pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
         ("core", tk_core::bench::copy_kernel_spec()),
         ("core", tk_core::testing::convert_check_kernel_spec()),
     ];
+    v.extend(
+        tk_core::bench::stream_kernel_specs()
+            .into_iter()
+            .map(|s| ("core", s)),
+    );
     #[cfg(feature = "transpose")]
     v.extend(
         tk_transpose::registered_kernels()

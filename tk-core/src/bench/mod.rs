@@ -47,6 +47,42 @@ pub fn copy_kernel_spec() -> KernelSpec {
     KernelSpec::new(&COPY_SRC)
 }
 
+static STREAM_SRC: KernelSource = KernelSource {
+    file: "stream.cu",
+    entry: "tk_stream",
+    code: include_str!("../../cuda/stream.cu"),
+    headers: &[],
+    needs_cuda_headers: false,
+};
+
+/// Read and write widths (16-byte vectors per item) of the streaming probe.
+pub const STREAM_WIDTHS: [u32; 4] = [1, 2, 4, 8];
+
+/// The streaming-probe kernel (`cuda/stream.cu`, launched by the `ceilings` bench): each item
+/// reads `reads` and writes `writes` 16-byte vectors (each of [`STREAM_WIDTHS`]), with
+/// `st.global.cs` stores when `streaming_stores`. Arguments: `dst` (`writes` × items vectors),
+/// `src` (`reads` × items vectors), `items: u64`; 256-thread blocks, any grid.
+pub fn stream_kernel_spec(reads: u32, writes: u32, streaming_stores: bool) -> KernelSpec {
+    KernelSpec::new(&STREAM_SRC)
+        .define("TK_R", reads)
+        .define("TK_W", writes)
+        .define("TK_CS", streaming_stores as u8)
+}
+
+/// Every specialisation of the streaming probe (for compile checks): one side 1 vector wide.
+pub fn stream_kernel_specs() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for w in STREAM_WIDTHS {
+        for cs in [false, true] {
+            v.push(stream_kernel_spec(1, w, cs));
+            if w > 1 {
+                v.push(stream_kernel_spec(w, 1, cs));
+            }
+        }
+    }
+    v
+}
+
 /// One benchmark result.
 #[derive(Debug, Clone)]
 pub struct Record {
