@@ -169,6 +169,9 @@ mod gpu {
     /// Fragments each lane loads per warp task (`TK_J`), all in flight before the first store.
     const FRAGS_PER_LANE: usize = 4;
 
+    /// CTAs per SM at most in the grid; the warps loop over the remaining tasks.
+    const CTAS_PER_SM: usize = 16;
+
     /// The threads of a CTA (8 warps, `WARPS` in the kernel).
     const CTA_THREADS: u32 = 256;
 
@@ -348,15 +351,15 @@ mod gpu {
             !packed && block.1 == 1 && xsf_s1 == 1 && args.x_sf % 16 == 0 && (xsf_s0 * 4) % 16 == 0;
         let spec = kernel_spec(src.fmt, packed, block, O::DTYPE, vecio, sf_vec);
         let f = dev.function(&spec)?;
-        // One warp per task of `task_columns` columns of a row; at most 16 CTAs per SM, the
-        // warps loop over the remaining tasks.
+        // One warp per task of `task_columns` columns of a row; at most CTAS_PER_SM CTAs per
+        // SM, the warps loop over the remaining tasks.
         let tasks = plan.m * plan.k.div_ceil(task_columns(src.fmt, O::DTYPE));
         let warps_per_cta = CTA_THREADS as usize / 32;
         let cfg = LaunchConfig {
             grid_dim: (
                 tasks
                     .div_ceil(warps_per_cta)
-                    .min(dev.props().sm_count as usize * 16) as u32,
+                    .min(dev.props().sm_count as usize * CTAS_PER_SM) as u32,
                 1,
                 1,
             ),
