@@ -169,7 +169,8 @@ mod gpu {
     /// Fragments each lane loads per warp task (`TK_J`), all in flight before the first store.
     const FRAGS_PER_LANE: usize = 4;
 
-    /// CTAs per SM at most in the grid; the warps loop over the remaining tasks.
+    /// CTAs per SM at most in the grid; the warps loop over the remaining tasks. 0: the
+    /// resident CTAs per SM of the specialisation (occupancy query), one wave.
     const CTAS_PER_SM: usize = 16;
 
     /// The threads of a CTA (8 warps, `WARPS` in the kernel).
@@ -355,11 +356,18 @@ mod gpu {
         // SM, the warps loop over the remaining tasks.
         let tasks = plan.m * plan.k.div_ceil(task_columns(src.fmt, O::DTYPE));
         let warps_per_cta = CTA_THREADS as usize / 32;
+        let per_sm = if CTAS_PER_SM == 0 {
+            f.occupancy_max_active_blocks_per_multiprocessor(CTA_THREADS, 0, None)
+                .ctx("querying the occupancy of tk_cast_back")?
+                .max(1) as usize
+        } else {
+            CTAS_PER_SM
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 tasks
                     .div_ceil(warps_per_cta)
-                    .min(dev.props().sm_count as usize * CTAS_PER_SM) as u32,
+                    .min(dev.props().sm_count as usize * per_sm) as u32,
                 1,
                 1,
             ),
