@@ -6,7 +6,8 @@
 //! than reads, so write-heavy streams fall short of the copy).
 //!
 //! Kernel: `tk-core/cuda/stream.cu` (items of R 16-byte vectors in, W out, every store waiting
-//! for its loads), 256-thread blocks, 8 or 32 blocks per SM, plain or streaming (`.cs`) stores.
+//! for its loads), 256-thread blocks, 8, 32 or 128 blocks per SM, plain or streaming (`.cs`)
+//! stores.
 //!
 //! Run: `cargo xtask bench ceilings` (or the gpu-bundle); args: `[filter] [--jsonl <path>]`.
 
@@ -49,7 +50,7 @@ fn main() -> Result<()> {
         let bytes = 16 * items as usize * (r + w) as usize;
         for cs in [false, true] {
             let f = dev.function(&stream_kernel_spec(r, w, cs))?;
-            for per_sm in [8u32, 32] {
+            for per_sm in [8u32, 32, 128] {
                 let params = format!(
                     "{r}:{w} as {shape}, {per_sm}/SM{}",
                     if cs { ", .cs stores" } else { "" }
