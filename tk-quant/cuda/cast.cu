@@ -19,6 +19,8 @@
 //   TK_MODE      0 data + scales, 1 scales only, 2 data from precomputed fp32 layout-A scales
 //   TK_VECIO     1: vector accesses (aligned rows, K % VEC == 0); 0: element accesses
 //   TK_THREADS, TK_NF  (whole-row path) threads per CTA and fragments per thread
+//   TK_LX, TK_FK, TK_MINB, TK_WB  (tiled path) lanes along K, fragments per lane along K,
+//                minimum resident CTAs per SM, 1: warp blocks (BM > 1; each warp holds whole blocks)
 #include "tk/quant_io.cuh"
 #include "tk/quant_scale.cuh"
 
@@ -263,6 +265,8 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
 // BK/(FK*VEC) adjacent lanes (BK >= FK*VEC) or a single column (BK == 1). FK = 2 (per-token
 // casts of plain input) halves the per-row work per value (block max shuffles, scale, scale
 // store) at the same registers (half the rows per thread).
+// TK_WB (warp blocks) places the 8 warps side by side along K instead (see WB below): a lane
+// (ly, lx) of warp w owns rows tile_m*TM + ly*RPT + i at columns tile_k*TKC + (w*LX + lx)*VEC.
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_LX
 #error "TK_LX (lanes along K) must be defined for the tiled path"
@@ -272,18 +276,31 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
 #endif
 constexpr int WARPS = 8;
 constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)
+#ifndef TK_WB
+#error "TK_WB (warp blocks) must be defined for the tiled path"
+#endif
+// TK_WB (warp blocks; the host's WARP_BLOCKS_E2M1 / _E4M3 knobs): a warp holds whole (BM, BK) blocks, LX = BK/VEC
+// lanes along K times LY row groups of RPT = BM/LY rows, and the CTA's 8 warps sit side by side
+// along K (a tile is BM rows x 8 blocks). The block maximum is then a 5-level shuffle butterfly
+// inside the warp and every lane computes the scale itself: no shared memory, no barrier, no
+// serial one-thread-per-block-column step (TK_WB 0: the warps stack along M and meet in `red`
+// behind two __syncthreads, while all 8 warps wait for the 8..16 threads that compute the scales).
+constexpr bool WB = TK_WB != 0;
+constexpr int WM = WB ? 1 : WARPS;                         // warps along M
+constexpr int WK = WB ? WARPS : 1;                         // warps along K
 #ifndef TK_FK
 #error "TK_FK (adjacent fragments per thread along K) must be defined for the tiled path"
 #endif
 constexpr int FK = TK_FK;                                        // fragments per thread along K
-constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WARPS * LY);  // rows per thread
-constexpr int TM = WARPS * LY * RPT;                             // rows per tile
-constexpr int TKC = LX * VEC * FK;                               // columns per tile
+constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WM * LY);    // rows per thread
+constexpr int TM = WM * LY * RPT;                                // rows per tile
+constexpr int TKC = WK * LX * VEC * FK;                          // columns per tile
 constexpr int NR = TK_BM == 1 ? RPT : 1;                         // block rows per thread
 constexpr int NB = TK_BK == 1 ? VEC : 1;                         // block columns per thread
 constexpr int LK = TK_BK == 1 ? 1 : TK_BK / (VEC * FK);          // lanes per block column
 static_assert(FK == 1 || (FK == 2 && TK_BM == 1 && TK_MODE != 2 && TK_IN < 2), "FK = 2: per-token casts of plain input");
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
+static_assert(!WB || (TK_BM > 1 && TK_BK == LX * VEC && FK == 1), "warp blocks: a warp's LX lanes span one block column");
 static_assert(LX * NB <= WARPS * 32, "one thread per block column of a tile");
 static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK must be 1 or FK * VEC * 2^j <= TKC");
 
@@ -381,9 +398,13 @@ __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx
 #endif
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
+#if !TK_WB
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
     __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
+#endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
+    const u32 kl = WB ? warp * LX + lx : lx;  // this thread's lane column in the tile (along K)
+    const u32 ml = WB ? ly : warp * LY + ly;  // this thread's row group in the tile (along M)
     const ix tiles_m = (PM + TM - 1) / TM, tiles_k = (PK + TKC - 1) / TKC;
     // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands), y row
     // tiles; taller blocks: x row tiles, y column tiles. Column tiles are the outer loop, so a CTA
@@ -397,11 +418,11 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     const ix m_first = TK_BM == 1 ? blockIdx.y : blockIdx.x, m_step = TK_BM == 1 ? gridDim.y : gridDim.x;
     for (ix tk = k_first; tk < tiles_k; tk += k_step) {
 #if ROWPTR
-        const u8* xcol = reinterpret_cast<const u8*>(p.x) + (u64)(tk * TKC + lx * FK * VEC) * IN_BITS / 8;  // row 0 of x at this thread's first column
+        const u8* xcol = reinterpret_cast<const u8*>(p.x) + (u64)(tk * TKC + kl * FK * VEC) * IN_BITS / 8;  // row 0 of x at this thread's first column
 #endif
         for (ix tm = m_first; tm < tiles_m; tm += m_step) {
-            const ix c0 = tk * TKC + lx * FK * VEC;              // first column of this thread's fragments
-            const ix r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
+            const ix c0 = tk * TKC + kl * FK * VEC;  // first column of this thread's fragments
+            const ix r0 = tm * TM + ml * RPT;        // first row of this thread's fragments
             const bool col_ok = c0 < PK;
             Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
 #if ROWPTR
@@ -552,6 +573,14 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
                     for (int b = 0; b < NB; ++b) am[0][b] = fmaxf(am[0][b], __shfl_xor_sync(0xFFFFFFFFu, am[0][b], o));
 #endif
+#if TK_WB
+                // The warp's butterflies above gave every lane its block's maximum: each lane
+                // computes the scale (power-of-two scales: a few integer instructions) and the
+                // block's first lane stores it (c0 is the block's first column there).
+                compute_scale(am[0][0], sf[0][0], inv[0][0]);
+                const ix kb = c0 / TK_BK;
+                if (lane == 0 && col_ok && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, sf[0][0]);
+#else
                 if (ly == 0) {
 #pragma unroll
                     for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
@@ -577,6 +606,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 __syncthreads();
 #pragma unroll
                 for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
+#endif
             } else {
 #pragma unroll
                 for (int i = 0; i < NR; ++i)
