@@ -170,11 +170,34 @@ __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&
 }
 #endif
 
+// Bytes of one output row: K e4m3 codes, K/2 bytes of e2m1 pairs, or 3K/2 bytes of E5M6.
+__device__ __forceinline__ u64 out_row_bytes(const Params& p) {
+#if TK_FMT == 0
+    return (u64)PK;
+#elif TK_FMT == 2
+    return p.k / 2 * 3;
+#else
+    return (u64)(PK / 2);
+#endif
+}
+
+// The byte offset in the output of row r from column c0 (a fragment's first column). The stores
+// add it to p.out themselves, so that the compiler sees global addresses (STG, not generic ST).
+__device__ __forceinline__ u64 out_at(const Params& p, ix r, ix c0) {
+#if TK_FMT == 0
+    return (u64)r * PK + c0;
+#elif TK_FMT == 2
+    return (u64)r * (p.k / 2 * 3) + (u64)c0 / 2 * 3;
+#else
+    return (u64)r * (PK / 2) + c0 / 2;
+#endif
+}
+
 #if TK_FMT == 1
-// Stores q, the VEC/2 bytes of packed e2m1 pairs of the fragment of row r at columns c0.. (even
-// column in the low nibble; columns < K only).
-__device__ __forceinline__ void store_e2m1(const Params& p, ix r, ix c0, u32 q) {
-    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * (PK / 2) + c0 / 2;  // (VEC/2,) bytes of row r
+// Stores q, the VEC/2 bytes of packed e2m1 pairs of the fragment at columns c0.. of a row, at
+// byte offset out (out_at; even column in the low nibble; columns < K only).
+__device__ __forceinline__ void store_e2m1(const Params& p, u64 out, ix c0, u32 q) {
+    u8* dst = reinterpret_cast<u8*>(p.out) + out;  // (VEC/2,) bytes of the row
 #if TK_VECIO
     if constexpr (VEC == 8)
         *reinterpret_cast<u32*>(dst) = q;
@@ -188,15 +211,16 @@ __device__ __forceinline__ void store_e2m1(const Params& p, ix r, ix c0, u32 q) 
 }
 #endif
 
-// Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
-__device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const float (&v)[VEC], const float (&inv)[VEC]) {
+// Quantizes v * inv[j] and stores the fragment at columns c0.. of a row at byte offset out
+// (out_at; columns < K only).
+__device__ __forceinline__ void store_frag(const Params& p, u64 out, ix c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
     u32 q[VEC / 4];  // (VEC/4,) words of 4 e4m3 codes, little-endian
 #pragma unroll
     for (int j = 0; j < VEC / 4; ++j)
         q[j] = tkq::e4m3_code2(__fmul_rn(v[4 * j], inv[4 * j]), __fmul_rn(v[4 * j + 1], inv[4 * j + 1])) |
                tkq::e4m3_code2(__fmul_rn(v[4 * j + 2], inv[4 * j + 2]), __fmul_rn(v[4 * j + 3], inv[4 * j + 3])) << 16;
-    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * PK + c0;  // (VEC,) bytes of row r
+    u8* dst = reinterpret_cast<u8*>(p.out) + out;  // (VEC,) bytes of the row
 #if TK_VECIO
     if constexpr (VEC == 8)
         *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[VEC / 8]);
@@ -210,7 +234,7 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
 #elif TK_FMT == 2
     u32 w[3];  // (3,) packed words of 8 E5M6 codes
     e5m6_words(v, inv, w);
-    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * (p.k / 2 * 3) + (u64)c0 / 2 * 3;  // (12,) bytes of row r
+    u8* dst = reinterpret_cast<u8*>(p.out) + out;  // (12,) bytes of the row
 #if TK_VECIO
     u32* d = reinterpret_cast<u32*>(dst);
     d[0] = w[0]; d[1] = w[1]; d[2] = w[2];
@@ -222,7 +246,7 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
     float y[VEC];  // (VEC,) values to encode
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(v[j], inv[j]);
-    store_e2m1(p, r, c0, tkq::e2m1_pack(y));
+    store_e2m1(p, out, c0, tkq::e2m1_pack(y));
 #endif
 }
 
@@ -234,9 +258,9 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
 // whether the bf16 multiply flushes subnormal inputs.
 #define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
 
-// Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it
-// (columns < K only): store_frag of values(raw).
-__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r, ix c0, const float (&iv)[VEC]) {
+// Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it at
+// byte offset out (out_at(p, r, c0); columns < K only): store_frag of values(raw).
+__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r, ix c0, const float (&iv)[VEC], u64 out) {
 #if E2M1_PACKED
     u32 inv2[VEC / 2];  // (VEC/2,) bf16 pairs of inverse scales (exact: powers of two)
     bool pow2_small = true;
@@ -246,13 +270,13 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
         pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
     }
     if (pow2_small) {
-        store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
+        store_e2m1(p, out, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
         return;
     }
 #endif
     float v[VEC];  // (VEC,) values
     values(p, raw, r, c0, v);
-    store_frag(p, r, c0, v, iv);
+    store_frag(p, out, c0, v, iv);
 }
 #endif
 
@@ -408,6 +432,13 @@ __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx
 // passes only after its reads of the tile before (which used the other buffer), so no barrier is
 // needed after the reads. Per-channel tiles (BK 1: 8 columns and 8 scales per thread) keep two.
 #define PB_ONE_BARRIER 1
+
+// PB_OUT_ROWPTR (knob; 0: the previous form): the per-block and per-channel tiles (BM > 1) step
+// one output row offset by the row's bytes instead of forming r * rowbytes + column from
+// scratch for each of their 4..16 rows: the SASS of bf16 -> e2m1 128x128 spent ~8 issued
+// instructions per row on it (constant-bank reload of the base, shift, IMAD.WIDE.U32, 64-bit
+// add, zeroed high halves) beside ~48 for the packed encode and store of 8 values.
+#define PB_OUT_ROWPTR 1
 constexpr bool ONE_BAR = PB_ONE_BARRIER && TK_BM > 1 && TK_BK > 1 && !WB;
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
@@ -516,9 +547,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 for (int f = 0; f < FK; ++f) {
                     if (!row_ok || c0 + f * VEC >= PK) continue;
 #if TK_IN >= 2
-                    store_frag(p, r0 + i, c0 + f * VEC, v[f], iv);
+                    store_frag(p, out_at(p, r0 + i, c0 + f * VEC), c0 + f * VEC, v[f], iv);
 #else
-                    cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv);
+                    cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv, out_at(p, r0 + i, c0 + f * VEC));
 #endif
                 }
 #endif
@@ -653,13 +684,22 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             }
 #endif
 #if TK_MODE != 1
+#if PB_OUT_ROWPTR
+            u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0, stepped per row
+#endif
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
+#if PB_OUT_ROWPTR
+                const u64 out = orow;
+                orow += out_row_bytes(p);
+#else
+                const u64 out = out_at(p, r0 + i, c0);
+#endif
                 if (!col_ok || r0 + i >= PM) continue;
                 float iv[VEC];  // (VEC,) inverse scales of the fragment's columns
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
-                cast_frag(p, raw[i], r0 + i, c0, iv);
+                cast_frag(p, raw[i], r0 + i, c0, iv, out);
             }
 #endif
         }
@@ -736,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
                 continue;
             }
 #endif
-            if (c0 < PK) cast_frag(p, raw[i], r, c0, iv);
+            if (c0 < PK) cast_frag(p, raw[i], r, c0, iv, out_at(p, r, c0));
         }
     }
 }
