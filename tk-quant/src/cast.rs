@@ -237,6 +237,15 @@ const WARP_BLOCKS_E4M3: bool = false;
 /// of 4 words; 4 keeps fp32 on the old tile and takes bf16 32x32, 4 rows of 4 words, only).
 const WARP_BLOCK_MAX_RPT: usize = 8;
 
+/// `TK_MINB` of per-block tiles of bf16 input to e2m1 with power-of-two scales holding 17..32
+/// raw words per thread (128x128: 8 rows of 4 words); A/B knob, 3 is the previous value (at
+/// most 80 registers; sm_90a: 72 used). 4 caps them at 64 registers (ptxas sm_90a: 63, no
+/// spills), 32 resident warps per SM instead of 24: the e2m1 encode is ALU-bound and the CTAs
+/// alternate between load waits and encode bursts, so more resident CTAs give the scheduler
+/// more warps to overlap the bursts with (same bytes in flight per warp). fp32 32x32 warp
+/// blocks (8 rows of 4 words) spill 8 bytes at 64 registers and keep 3.
+const PB_E2M1_MIN_BLOCKS: usize = 4;
+
 /// Whether the call's `M`, `K`, input row stride and scale grid (with its padded rows) all lie
 /// below 2^31: then the kernel's row and column indices, tile indices and their sums fit in 32
 /// bits (`TK_IDX32`; address products stay 64-bit).
@@ -378,7 +387,8 @@ impl CastKernel {
     /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
     /// blocks) → 4 (measured: 4 beats 3 per token; per-token tiles with power-of-two scales:
     /// [`PT_MIN_BLOCKS`]); the per-channel tile (32 words, but one
-    /// scale computation per thread) → 4; up to 32 words → 3; more → 2.
+    /// scale computation per thread) → 4; up to 32 words → 3 (bf16 to e2m1 with power-of-two
+    /// scales: [`PB_E2M1_MIN_BLOCKS`]); more → 2.
     /// Quantized input: [`QUANT_MIN_BLOCKS`] up to 4 rows per thread, else 2 (8 rows of e2m1
     /// input spill at 80 registers).
     fn min_blocks(&self) -> usize {
@@ -395,7 +405,14 @@ impl CastKernel {
         if words <= 16 || bk == 1 {
             4
         } else if words <= 32 {
-            3
+            if self.input == InputKind::BF16
+                && self.target == Target::Fp(CastFormat::E2M1)
+                && self.round_sf
+            {
+                PB_E2M1_MIN_BLOCKS
+            } else {
+                3
+            }
         } else {
             2
         }
