@@ -19,6 +19,8 @@
 //   TK_MODE      0 data + scales, 1 scales only, 2 data from precomputed fp32 layout-A scales
 //   TK_VECIO     1: vector accesses (aligned rows, K % VEC == 0); 0: element accesses
 //   TK_THREADS, TK_NF  (whole-row path) threads per CTA and fragments per thread
+//   TK_LX, TK_FK, TK_MINB, TK_WB  (tiled path) lanes along K, fragments per lane along K,
+//                minimum resident CTAs per SM, 1: warp blocks (BM > 1; each warp holds whole blocks)
 #include "tk/quant_io.cuh"
 #include "tk/quant_scale.cuh"
 
@@ -168,11 +170,34 @@ __device__ __forceinline__ void e5m6_words(const float (&v)[VEC], const float (&
 }
 #endif
 
+// Bytes of one output row: K e4m3 codes, K/2 bytes of e2m1 pairs, or 3K/2 bytes of E5M6.
+__device__ __forceinline__ u64 out_row_bytes(const Params& p) {
+#if TK_FMT == 0
+    return (u64)PK;
+#elif TK_FMT == 2
+    return p.k / 2 * 3;
+#else
+    return (u64)(PK / 2);
+#endif
+}
+
+// The byte offset in the output of row r from column c0 (a fragment's first column). The stores
+// add it to p.out themselves, so that the compiler sees global addresses (STG, not generic ST).
+__device__ __forceinline__ u64 out_at(const Params& p, ix r, ix c0) {
+#if TK_FMT == 0
+    return (u64)r * PK + c0;
+#elif TK_FMT == 2
+    return (u64)r * (p.k / 2 * 3) + (u64)c0 / 2 * 3;
+#else
+    return (u64)r * (PK / 2) + c0 / 2;
+#endif
+}
+
 #if TK_FMT == 1
-// Stores q, the VEC/2 bytes of packed e2m1 pairs of the fragment of row r at columns c0.. (even
-// column in the low nibble; columns < K only).
-__device__ __forceinline__ void store_e2m1(const Params& p, ix r, ix c0, u32 q) {
-    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * (PK / 2) + c0 / 2;  // (VEC/2,) bytes of row r
+// Stores q, the VEC/2 bytes of packed e2m1 pairs of the fragment at columns c0.. of a row, at
+// byte offset out (out_at; even column in the low nibble; columns < K only).
+__device__ __forceinline__ void store_e2m1(const Params& p, u64 out, ix c0, u32 q) {
+    u8* dst = reinterpret_cast<u8*>(p.out) + out;  // (VEC/2,) bytes of the row
 #if TK_VECIO
     if constexpr (VEC == 8)
         *reinterpret_cast<u32*>(dst) = q;
@@ -186,15 +211,16 @@ __device__ __forceinline__ void store_e2m1(const Params& p, ix r, ix c0, u32 q) 
 }
 #endif
 
-// Quantizes v * inv[j] and stores the fragment of row r at columns c0.. (columns < K only).
-__device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const float (&v)[VEC], const float (&inv)[VEC]) {
+// Quantizes v * inv[j] and stores the fragment at columns c0.. of a row at byte offset out
+// (out_at; columns < K only).
+__device__ __forceinline__ void store_frag(const Params& p, u64 out, ix c0, const float (&v)[VEC], const float (&inv)[VEC]) {
 #if TK_FMT == 0
     u32 q[VEC / 4];  // (VEC/4,) words of 4 e4m3 codes, little-endian
 #pragma unroll
     for (int j = 0; j < VEC / 4; ++j)
         q[j] = tkq::e4m3_code2(__fmul_rn(v[4 * j], inv[4 * j]), __fmul_rn(v[4 * j + 1], inv[4 * j + 1])) |
                tkq::e4m3_code2(__fmul_rn(v[4 * j + 2], inv[4 * j + 2]), __fmul_rn(v[4 * j + 3], inv[4 * j + 3])) << 16;
-    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * PK + c0;  // (VEC,) bytes of row r
+    u8* dst = reinterpret_cast<u8*>(p.out) + out;  // (VEC,) bytes of the row
 #if TK_VECIO
     if constexpr (VEC == 8)
         *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[VEC / 8]);
@@ -208,7 +234,7 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
 #elif TK_FMT == 2
     u32 w[3];  // (3,) packed words of 8 E5M6 codes
     e5m6_words(v, inv, w);
-    u8* dst = reinterpret_cast<u8*>(p.out) + (u64)r * (p.k / 2 * 3) + (u64)c0 / 2 * 3;  // (12,) bytes of row r
+    u8* dst = reinterpret_cast<u8*>(p.out) + out;  // (12,) bytes of the row
 #if TK_VECIO
     u32* d = reinterpret_cast<u32*>(dst);
     d[0] = w[0]; d[1] = w[1]; d[2] = w[2];
@@ -220,7 +246,7 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
     float y[VEC];  // (VEC,) values to encode
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(v[j], inv[j]);
-    store_e2m1(p, r, c0, tkq::e2m1_pack(y));
+    store_e2m1(p, out, c0, tkq::e2m1_pack(y));
 #endif
 }
 
@@ -232,9 +258,9 @@ __device__ __forceinline__ void store_frag(const Params& p, ix r, ix c0, const f
 // whether the bf16 multiply flushes subnormal inputs.
 #define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
 
-// Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it
-// (columns < K only): store_frag of values(raw).
-__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r, ix c0, const float (&iv)[VEC]) {
+// Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it at
+// byte offset out (out_at(p, r, c0); columns < K only): store_frag of values(raw).
+__device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r, ix c0, const float (&iv)[VEC], u64 out) {
 #if E2M1_PACKED
     u32 inv2[VEC / 2];  // (VEC/2,) bf16 pairs of inverse scales (exact: powers of two)
     bool pow2_small = true;
@@ -244,13 +270,13 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
         pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
     }
     if (pow2_small) {
-        store_e2m1(p, r, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
+        store_e2m1(p, out, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
         return;
     }
 #endif
     float v[VEC];  // (VEC,) values
     values(p, raw, r, c0, v);
-    store_frag(p, r, c0, v, iv);
+    store_frag(p, out, c0, v, iv);
 }
 #endif
 
@@ -263,6 +289,8 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
 // BK/(FK*VEC) adjacent lanes (BK >= FK*VEC) or a single column (BK == 1). FK = 2 (per-token
 // casts of plain input) halves the per-row work per value (block max shuffles, scale, scale
 // store) at the same registers (half the rows per thread).
+// TK_WB (warp blocks) places the 8 warps side by side along K instead (see WB below): a lane
+// (ly, lx) of warp w owns rows tile_m*TM + ly*RPT + i at columns tile_k*TKC + (w*LX + lx)*VEC.
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_LX
 #error "TK_LX (lanes along K) must be defined for the tiled path"
@@ -272,18 +300,31 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
 #endif
 constexpr int WARPS = 8;
 constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes along K, M)
+#ifndef TK_WB
+#error "TK_WB (warp blocks) must be defined for the tiled path"
+#endif
+// TK_WB (warp blocks; the host's WARP_BLOCKS_E2M1 / _E4M3 knobs): a warp holds whole (BM, BK) blocks, LX = BK/VEC
+// lanes along K times LY row groups of RPT = BM/LY rows, and the CTA's 8 warps sit side by side
+// along K (a tile is BM rows x 8 blocks). The block maximum is then a 5-level shuffle butterfly
+// inside the warp and every lane computes the scale itself: no shared memory, no barrier, no
+// serial one-thread-per-block-column step (TK_WB 0: the warps stack along M and meet in `red`
+// behind two __syncthreads, while all 8 warps wait for the 8..16 threads that compute the scales).
+constexpr bool WB = TK_WB != 0;
+constexpr int WM = WB ? 1 : WARPS;                         // warps along M
+constexpr int WK = WB ? WARPS : 1;                         // warps along K
 #ifndef TK_FK
 #error "TK_FK (adjacent fragments per thread along K) must be defined for the tiled path"
 #endif
 constexpr int FK = TK_FK;                                        // fragments per thread along K
-constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WARPS * LY);  // rows per thread
-constexpr int TM = WARPS * LY * RPT;                             // rows per tile
-constexpr int TKC = LX * VEC * FK;                               // columns per tile
+constexpr int RPT = TK_BM == 1 ? 4 / FK : TK_BM / (WM * LY);    // rows per thread
+constexpr int TM = WM * LY * RPT;                                // rows per tile
+constexpr int TKC = WK * LX * VEC * FK;                          // columns per tile
 constexpr int NR = TK_BM == 1 ? RPT : 1;                         // block rows per thread
 constexpr int NB = TK_BK == 1 ? VEC : 1;                         // block columns per thread
 constexpr int LK = TK_BK == 1 ? 1 : TK_BK / (VEC * FK);          // lanes per block column
 static_assert(FK == 1 || (FK == 2 && TK_BM == 1 && TK_MODE != 2 && TK_IN < 2), "FK = 2: per-token casts of plain input");
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
+static_assert(!WB || (TK_BM > 1 && TK_BK == LX * VEC && FK == 1), "warp blocks: a warp's LX lanes span one block column");
 static_assert(LX * NB <= WARPS * 32, "one thread per block column of a tile");
 static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK must be 1 or FK * VEC * 2^j <= TKC");
 
@@ -380,10 +421,35 @@ __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx
 }
 #endif
 
+// PB_ONE_BARRIER (knob; 0: the previous form): taller blocks of the shared-memory tile (TK_WB 0,
+// BK > 1: one block column per LK lanes, e.g. 128x128) meet behind one __syncthreads instead of
+// two. Before, 8..16 threads folded the 8 warps' maxima, computed and stored the scales and
+// published the inverse scales through `scl` while the other 240 threads waited at a second
+// barrier (a serial LDS -> FMNMX chain -> scale -> STS -> barrier -> LDS on every tile's critical
+// path); now every thread folds its column's maxima and computes the scale itself (power-of-two
+// scales: a few integer instructions). The partial maxima alternate between two buffers by tile
+// parity: a tile's writes to red[rp] come after the previous tile's barrier, which every thread
+// passes only after its reads of the tile before (which used the other buffer), so no barrier is
+// needed after the reads. Per-channel tiles (BK 1: 8 columns and 8 scales per thread) keep two.
+#define PB_ONE_BARRIER 1
+
+// PB_OUT_ROWPTR (knob; 0: the previous form): the per-block and per-channel tiles (BM > 1) step
+// one output row offset by the row's bytes instead of forming r * rowbytes + column from
+// scratch for each of their 4..16 rows: the SASS of bf16 -> e2m1 128x128 spent ~8 issued
+// instructions per row on it (constant-bank reload of the base, shift, IMAD.WIDE.U32, 64-bit
+// add, zeroed high halves) beside ~48 for the packed encode and store of 8 values.
+#define PB_OUT_ROWPTR 1
+constexpr bool ONE_BAR = PB_ONE_BARRIER && TK_BM > 1 && TK_BK > 1 && !WB;
+
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
-    __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
-    __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
+#if !TK_WB
+    __shared__ float red[ONE_BAR ? 2 : 1][TK_BM > 1 ? WARPS : 1][LX * NB];  // (tile parity, warps, lanes along K * block columns) partial amax
+    __shared__ float scl[TK_BM > 1 && !ONE_BAR ? LX * NB : 1];             // (lanes along K * block columns) inverse scales
+    u32 rp = 0;  // the red buffer of this tile (ONE_BAR: alternates by tile)
+#endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
+    const u32 kl = WB ? warp * LX + lx : lx;  // this thread's lane column in the tile (along K)
+    const u32 ml = WB ? ly : warp * LY + ly;  // this thread's row group in the tile (along M)
     const ix tiles_m = (PM + TM - 1) / TM, tiles_k = (PK + TKC - 1) / TKC;
     // Per-token tiles: grid x walks column tiles (concurrent CTAs read whole row bands), y row
     // tiles; taller blocks: x row tiles, y column tiles. Column tiles are the outer loop, so a CTA
@@ -397,11 +463,11 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
     const ix m_first = TK_BM == 1 ? blockIdx.y : blockIdx.x, m_step = TK_BM == 1 ? gridDim.y : gridDim.x;
     for (ix tk = k_first; tk < tiles_k; tk += k_step) {
 #if ROWPTR
-        const u8* xcol = reinterpret_cast<const u8*>(p.x) + (u64)(tk * TKC + lx * FK * VEC) * IN_BITS / 8;  // row 0 of x at this thread's first column
+        const u8* xcol = reinterpret_cast<const u8*>(p.x) + (u64)(tk * TKC + kl * FK * VEC) * IN_BITS / 8;  // row 0 of x at this thread's first column
 #endif
         for (ix tm = m_first; tm < tiles_m; tm += m_step) {
-            const ix c0 = tk * TKC + lx * FK * VEC;              // first column of this thread's fragments
-            const ix r0 = tm * TM + (warp * LY + ly) * RPT;   // first row of this thread's fragments
+            const ix c0 = tk * TKC + kl * FK * VEC;  // first column of this thread's fragments
+            const ix r0 = tm * TM + ml * RPT;        // first row of this thread's fragments
             const bool col_ok = c0 < PK;
             Raw raw[RPT * FK];  // (RPT rows, FK fragments of VEC columns)
 #if ROWPTR
@@ -481,9 +547,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 for (int f = 0; f < FK; ++f) {
                     if (!row_ok || c0 + f * VEC >= PK) continue;
 #if TK_IN >= 2
-                    store_frag(p, r0 + i, c0 + f * VEC, v[f], iv);
+                    store_frag(p, out_at(p, r0 + i, c0 + f * VEC), c0 + f * VEC, v[f], iv);
 #else
-                    cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv);
+                    cast_frag(p, raw[i * FK + f], r0 + i, c0 + f * VEC, iv, out_at(p, r0 + i, c0 + f * VEC));
 #endif
                 }
 #endif
@@ -552,11 +618,33 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #pragma unroll
                     for (int b = 0; b < NB; ++b) am[0][b] = fmaxf(am[0][b], __shfl_xor_sync(0xFFFFFFFFu, am[0][b], o));
 #endif
+#if TK_WB
+                // The warp's butterflies above gave every lane its block's maximum: each lane
+                // computes the scale (power-of-two scales: a few integer instructions) and the
+                // block's first lane stores it (c0 is the block's first column there).
+                compute_scale(am[0][0], sf[0][0], inv[0][0]);
+                const ix kb = c0 / TK_BK;
+                if (lane == 0 && col_ok && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, sf[0][0]);
+#else
                 if (ly == 0) {
 #pragma unroll
-                    for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
+                    for (int b = 0; b < NB; ++b) red[rp][TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
                 }
                 __syncthreads();
+#if PB_ONE_BARRIER && TK_BK > 1 && TK_BM > 1
+                {
+                    // ONE_BAR: every thread folds its block column's 8 partial maxima (same-row
+                    // reads of distinct words or broadcasts: no bank conflicts) and computes the
+                    // scale itself; the thread of warp 0 at the block's first lane stores it.
+                    float a = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < WARPS; ++w) a = fmaxf(a, red[rp][w][lx]);
+                    compute_scale(a, sf[0][0], inv[0][0]);
+                    const ix kb = c0 / TK_BK;
+                    if (warp == 0 && ly == 0 && lx % LK == 0 && col_ok && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, sf[0][0]);
+                    rp ^= 1u;
+                }
+#else
                 // One thread per block column of the tile (LX * NB <= 256) folds the warps'
                 // maxima, computes the scale once (not once per row group of every warp: 8 * LY
                 // times; per-channel tiles: 8 divisions per thread -> at most 1) and stores it;
@@ -566,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     const u32 t = threadIdx.x, tlx = t / NB, tb = t % NB;  // block column t: lane tlx, column tb
                     float a = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][t]);
+                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[0][w][t]);
                     float s, iv;
                     compute_scale(a, s, iv);
                     scl[t] = iv;
@@ -577,6 +665,8 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 __syncthreads();
 #pragma unroll
                 for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
+#endif
+#endif
             } else {
 #pragma unroll
                 for (int i = 0; i < NR; ++i)
@@ -594,13 +684,22 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             }
 #endif
 #if TK_MODE != 1
+#if PB_OUT_ROWPTR
+            u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0, stepped per row
+#endif
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
+#if PB_OUT_ROWPTR
+                const u64 out = orow;
+                orow += out_row_bytes(p);
+#else
+                const u64 out = out_at(p, r0 + i, c0);
+#endif
                 if (!col_ok || r0 + i >= PM) continue;
                 float iv[VEC];  // (VEC,) inverse scales of the fragment's columns
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) iv[j] = inv[TK_BM == 1 ? i : 0][TK_BK == 1 ? j : 0];
-                cast_frag(p, raw[i], r0 + i, c0, iv);
+                cast_frag(p, raw[i], r0 + i, c0, iv, out);
             }
 #endif
         }
@@ -677,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_cast(const Params p)
                 continue;
             }
 #endif
-            if (c0 < PK) cast_frag(p, raw[i], r, c0, iv);
+            if (c0 < PK) cast_frag(p, raw[i], r, c0, iv, out_at(p, r, c0));
         }
     }
 }

@@ -12,7 +12,9 @@
 //!   in registers, each warp `32/LX` row groups × `LX` lanes along K (`LX` = 32 for per-token
 //!   blocks, 16–32 for taller ones so that a thread holds 4 to 16 rows), a lane `FK` adjacent
 //!   fragments of a row (`FK` = 2 for per-token casts of plain input, else 1); block maxima
-//!   come from warp shuffles and, across warps, shared memory;
+//!   come from warp shuffles and, across warps, shared memory. Warp blocks (`TK_WB`, per-block
+//!   casts whose block fits a warp, e.g. 32×32): the 8 warps sit side by side along K instead,
+//!   each holding whole blocks, and the maxima need no shared memory;
 //! * **whole row** (one scale per row, `npc == K`): one CTA per row, the row held in
 //!   registers (up to 32 fragments per thread: `K ≤ 131072` for fp32, `262144` for bf16).
 //!
@@ -169,6 +171,8 @@ pub(crate) struct CastKernel {
     /// `TK_IDX32`: every row, column, row stride and scale-grid extent of the call is below
     /// 2^31, so the kernel may index in 32 bits ([`fits_idx32`]).
     pub idx32: bool,
+    /// `TK_WB`: a warp holds whole scale blocks ([`CastKernel::with_warp_blocks`]).
+    pub warp_blocks: bool,
 }
 
 impl CastKernel {
@@ -186,7 +190,61 @@ impl CastKernel {
             ..self
         }
     }
+
+    /// `self` with `TK_WB` (whole blocks per warp) where the knobs allow it and the block fits a
+    /// warp: plain input, cast to e2m1 ([`WARP_BLOCKS_E2M1`]) or e4m3 ([`WARP_BLOCKS_E4M3`]),
+    /// `bm > 1`, `bk = lanes · vec` with a power-of-two number of lanes, and `bm` a multiple of
+    /// the `32 / lanes` row groups with at most [`WARP_BLOCK_MAX_RPT`] rows per thread.
+    fn with_warp_blocks(self) -> Self {
+        let (bm, bk) = self.block;
+        let vec = self.vec();
+        let knob = match self.target {
+            Target::Fp(CastFormat::E2M1) => WARP_BLOCKS_E2M1,
+            Target::Fp(CastFormat::E4M3) => WARP_BLOCKS_E4M3,
+            Target::E5M6 => false,
+        };
+        let plain = matches!(self.input, InputKind::F32 | InputKind::BF16);
+        let lanes = bk / vec;
+        let fits = bm > 1
+            && bk > 1
+            && bk % vec == 0
+            && lanes.is_power_of_two()
+            && lanes <= 32
+            && bm % (32 / lanes) == 0
+            && bm / (32 / lanes) <= WARP_BLOCK_MAX_RPT;
+        CastKernel {
+            warp_blocks: knob && plain && self.whole_row.is_none() && fits,
+            ..self
+        }
+    }
 }
+
+/// `TK_WB` for per-block casts to e2m1 (A/B knob; false: the previous tiles). A warp holds whole
+/// `(bm, bk)` blocks (`bk / vec` lanes along K, `bm / (32 / lanes)` rows per thread) and the
+/// CTA's 8 warps sit side by side along K, so the block maximum is a shuffle butterfly inside
+/// the warp and each lane computes the scale: no shared memory and no `__syncthreads`. The old
+/// tile (8 warps stacked along M, 32x32 bf16: 4 rows per thread) met in shared memory behind two
+/// barriers with 8 threads computing the scales while the CTA waited, and the e2m1 encode (ALU
+/// bound, ncu: ALU pipe 70 %, 36 % of cycles with no eligible warp) of all 8 warps then ran in
+/// the same phase. Per-block bf16 -> e2m1 32x32 was at 66 % of the copy ceiling against 83 %
+/// for the per-token cast with the same encoder.
+const WARP_BLOCKS_E2M1: bool = true;
+
+/// `TK_WB` for per-block casts to e4m3 (A/B knob; those casts were at 87-91 % with the old tile).
+const WARP_BLOCKS_E4M3: bool = false;
+
+/// The most rows per thread a warp-block tile may take (A/B knob: 8 admits fp32 32x32, 8 rows
+/// of 4 words; 4 keeps fp32 on the old tile and takes bf16 32x32, 4 rows of 4 words, only).
+const WARP_BLOCK_MAX_RPT: usize = 8;
+
+/// `TK_MINB` of per-block tiles of bf16 input to e2m1 with power-of-two scales holding 17..32
+/// raw words per thread (128x128: 8 rows of 4 words); A/B knob, 3 is the previous value (at
+/// most 80 registers; sm_90a: 72 used). 4 caps them at 64 registers (ptxas sm_90a: 63, no
+/// spills), 32 resident warps per SM instead of 24: the e2m1 encode is ALU-bound and the CTAs
+/// alternate between load waits and encode bursts, so more resident CTAs give the scheduler
+/// more warps to overlap the bursts with (same bytes in flight per warp). fp32 32x32 warp
+/// blocks (8 rows of 4 words) spill 8 bytes at 64 registers and keep 3.
+const PB_E2M1_MIN_BLOCKS: usize = 4;
 
 /// Whether the call's `M`, `K`, input row stride and scale grid (with its padded rows) all lie
 /// below 2^31: then the kernel's row and column indices, tile indices and their sums fit in 32
@@ -295,7 +353,8 @@ impl CastKernel {
                 },
             )
             .define("TK_VECIO", self.vecio as u8)
-            .define("TK_IDX32", self.idx32 as u8);
+            .define("TK_IDX32", self.idx32 as u8)
+            .define("TK_WB", self.warp_blocks as u8);
         let s = match self.input {
             InputKind::Quantized {
                 packed_sf, block, ..
@@ -328,17 +387,14 @@ impl CastKernel {
     /// sm_90a: no spills with these). Plain input: at most 16 words (per-token tiles, 32×32
     /// blocks) → 4 (measured: 4 beats 3 per token; per-token tiles with power-of-two scales:
     /// [`PT_MIN_BLOCKS`]); the per-channel tile (32 words, but one
-    /// scale computation per thread) → 4; up to 32 words → 3; more → 2.
+    /// scale computation per thread) → 4; up to 32 words → 3 (bf16 to e2m1 with power-of-two
+    /// scales: [`PB_E2M1_MIN_BLOCKS`]); more → 2.
     /// Quantized input: [`QUANT_MIN_BLOCKS`] up to 4 rows per thread, else 2 (8 rows of e2m1
     /// input spill at 80 registers).
     fn min_blocks(&self) -> usize {
         let (bm, bk) = self.block;
         // Per-token tiles: 4 fragments (4 / FK rows of FK fragments).
-        let rows = if bm == 1 {
-            4
-        } else {
-            bm / (8 * (32 / self.lx()))
-        };
+        let rows = if bm == 1 { 4 } else { self.rows_per_thread() };
         if matches!(self.input, InputKind::Quantized { .. }) {
             return if rows <= 4 { QUANT_MIN_BLOCKS } else { 2 };
         }
@@ -349,7 +405,14 @@ impl CastKernel {
         if words <= 16 || bk == 1 {
             4
         } else if words <= 32 {
-            3
+            if self.input == InputKind::BF16
+                && self.target == Target::Fp(CastFormat::E2M1)
+                && self.round_sf
+            {
+                PB_E2M1_MIN_BLOCKS
+            } else {
+                3
+            }
         } else {
             2
         }
@@ -361,9 +424,28 @@ impl CastKernel {
         vec_of(self.input, self.target)
     }
 
-    /// Lanes along K on the tiled path.
+    /// Lanes along K on the tiled path (warp blocks: one block column per warp).
     fn lx(&self) -> usize {
-        lanes_k(self.block.0, self.block.1, self.vec())
+        if self.warp_blocks {
+            self.block.1 / self.vec()
+        } else {
+            lanes_k(self.block.0, self.block.1, self.vec())
+        }
+    }
+
+    /// Warps of the CTA along K on the tiled path: 8 for warp blocks, else 1 (warps along M).
+    fn warps_k(&self) -> usize {
+        if self.warp_blocks {
+            8
+        } else {
+            1
+        }
+    }
+
+    /// Rows per thread of a tile of taller blocks (`bm > 1`): `bm` over the row groups of the
+    /// warps along M (`RPT` in the kernel).
+    fn rows_per_thread(&self) -> usize {
+        self.block.0 / ((8 / self.warps_k()) * (32 / self.lx()))
     }
 
     /// Adjacent fragments per thread along K on the tiled path (`TK_FK`): 2 for per-token
@@ -411,7 +493,12 @@ impl CastKernel {
             vecio,
             whole_row: None,
             idx32: false,
-        };
+            warp_blocks: false,
+        }
+        .with_warp_blocks();
+        if kernel.warp_blocks {
+            return Ok(kernel);
+        }
         if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) && target != Target::E5M6 {
             return Ok(kernel);
         }
@@ -456,7 +543,7 @@ impl CastKernel {
                 } else {
                     self.block.0
                 };
-                let tk = self.lx() * self.vec() * self.fk();
+                let tk = self.warps_k() * self.lx() * self.vec() * self.fk();
                 LaunchConfig {
                     // Per-token: x along column tiles, y along row tiles (a CTA walks up to
                     // QUANT_ROW_TILES of them with quantized input, else one); else the reverse.
@@ -523,7 +610,9 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                         vecio: true,
                         whole_row: None,
                         idx32: false,
+                        warp_blocks: false,
                     }
+                    .with_warp_blocks()
                     .with_idx32(true)
                     .spec(),
                 );
@@ -544,6 +633,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     // The benchmark's hidden size.
                     whole_row: Some(whole_row_shape(7168 / vec_of(input, target))),
                     idx32: false,
+                    warp_blocks: false,
                 }
                 .with_idx32(true)
                 .spec(),
@@ -786,4 +876,85 @@ pub(crate) fn precomputed_alloc(
     };
     launch(x, fmt, plan, false, CastMode::PrecomputedSf, outs)?;
     Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU model of the tiled kernel's thread-to-element map for warp blocks (`TK_WB`): the
+    /// 256 threads of a CTA own every element of the `bm x (8 bk)` tile exactly once, the
+    /// elements of warp `w` are exactly block column `w` of the tile, and the kernel's
+    /// butterflies (lane offsets 1..LX within a row group, then LX..32 across the row groups)
+    /// reach every lane of the warp; the host's launch tile and `TK_MINB` rows agree.
+    #[test]
+    fn warp_block_tiles_cover_each_block_with_one_warp() {
+        for (input, vec) in [(InputKind::BF16, 8), (InputKind::F32, 4)] {
+            for fmt in [CastFormat::E2M1, CastFormat::E4M3] {
+                let kernel = CastKernel {
+                    input,
+                    block: (32, 32),
+                    target: Target::Fp(fmt),
+                    sf_layout: ScaleLayout::PackedUe8m0,
+                    round_sf: true,
+                    mode: CastMode::Cast,
+                    vecio: true,
+                    whole_row: None,
+                    idx32: false,
+                    warp_blocks: false,
+                }
+                .with_warp_blocks();
+                let knob = match fmt {
+                    CastFormat::E2M1 => WARP_BLOCKS_E2M1,
+                    CastFormat::E4M3 => WARP_BLOCKS_E4M3,
+                };
+                // 32x32: 32 / vec lanes along K, 32 / lanes row groups, rows per thread.
+                let lanes = 32 / vec;
+                let rpt_ok = 32 / (32 / lanes) <= WARP_BLOCK_MAX_RPT;
+                assert_eq!(kernel.warp_blocks, knob && rpt_ok, "{input:?} {fmt:?}");
+                if !kernel.warp_blocks {
+                    continue;
+                }
+                let (lx, ly) = (kernel.lx(), 32 / kernel.lx());
+                let rpt = kernel.rows_per_thread();
+                let (tm, tkc) = (ly * rpt, 8 * lx * vec);
+                assert_eq!((lx * vec, tm), (32, 32), "a warp spans one block");
+                let cfg = kernel.config(&CastPlan {
+                    m: 8001,
+                    k: 7168,
+                    block: (32, 32),
+                    grid: ScaleGrid::for_matrix_arg(8001, 7168, (32, 32), "block_size").unwrap(),
+                    sf_layout: ScaleLayout::PackedUe8m0,
+                });
+                assert_eq!(
+                    cfg.grid_dim,
+                    (8001usize.div_ceil(tm) as u32, (7168 / tkc) as u32, 1)
+                );
+                let mut owner = vec![usize::MAX; tm * tkc];
+                for t in 0..256 {
+                    let (warp, lane) = (t / 32, t % 32);
+                    let (l_x, l_y) = (lane % lx, lane / lx);
+                    let (kl, ml) = (warp * lx + l_x, l_y);
+                    for i in 0..rpt {
+                        for j in 0..vec {
+                            let (r, c) = (ml * rpt + i, kl * vec + j);
+                            assert_eq!(owner[r * tkc + c], usize::MAX, "element owned twice");
+                            owner[r * tkc + c] = t;
+                            assert_eq!((r / 32, c / 32), (0, warp), "warp {warp} leaves its block");
+                        }
+                    }
+                }
+                assert!(owner.iter().all(|&t| t != usize::MAX), "element not owned");
+                // The butterflies' lane offsets 1, 2, .. (LK = LX lanes) then LX, 2 LX, .. 16.
+                let offs: Vec<usize> = (0..5).map(|b| 1 << b).collect();
+                let mut reach = 1u32 << 0;
+                for o in offs {
+                    reach |= (0..32)
+                        .filter(|l| reach >> l & 1 == 1)
+                        .fold(0, |a, l| a | 1 << (l ^ o));
+                }
+                assert_eq!(reach, u32::MAX);
+            }
+        }
+    }
 }

@@ -616,15 +616,22 @@ fn gpu_per_block_cast_grid() {
                 for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
                     for opts in grid_configs() {
                         for block in [(128, 128), (32, 32)] {
-                            cases.push((m, k, bf, fmt, opts, block));
+                            cases.push((m, k, bf, fmt, opts, block, k, 0usize));
                         }
                     }
                 }
             }
         }
     }
-    // Off grid: a few rows, a partial last row block, a padded row stride.
-    for (m, k) in [(1, 64), (3, 192), (33, 4160), (129, 576)] {
+    // Off grid: a few rows, a partial last row block; odd M in bf16, even M in fp32.
+    for (m, k) in [
+        (1, 64),
+        (3, 192),
+        (33, 4160),
+        (129, 576),
+        (2, 64),
+        (34, 4160),
+    ] {
         for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
             for opts in [
                 ScaleOptions::row_major(false),
@@ -632,20 +639,38 @@ fn gpu_per_block_cast_grid() {
                 ScaleOptions::packed_ue8m0(),
             ] {
                 for block in [(128, 128), (32, 32), (32, 128), (128, 32)] {
-                    cases.push((m, k, m % 2 == 1, fmt, opts, block));
+                    cases.push((m, k, m % 2 == 1, fmt, opts, block, k, 0));
                 }
             }
         }
     }
-    par_cases(&cases, |&(m, k, bf, fmt, opts, block)| {
+    // Row-strided views: padded aligned rows (vector loads from a row pointer) and an odd start
+    // (element loads), with the warp-block tiles (32x32) and the shared-memory ones (128x128).
+    for (m, k) in [(33, 4160), (34, 576)] {
+        for (pad, off) in [(16, 0), (5, 1)] {
+            for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+                for opts in [ScaleOptions::row_major(false), ScaleOptions::packed_ue8m0()] {
+                    for block in [(32, 32), (128, 128)] {
+                        cases.push((m, k, m % 2 == 1, fmt, opts, block, k + pad, off));
+                    }
+                }
+            }
+        }
+    }
+    par_cases(&cases, |&(m, k, bf, fmt, opts, block, ld, off)| {
         let dev = dev.with_new_stream().unwrap();
         let params = PerBlockCastParams::new(fmt, block, opts);
         let name = format!(
-            "per_block_cast M={m} K={k} bf16={bf} {fmt:?} {block:?} {:?}",
-            opts.layout().unwrap()
+            "per_block_cast M={m} K={k} bf16={bf} {fmt:?} {block:?} {:?}{}",
+            opts.layout().unwrap(),
+            if ld == k && off == 0 {
+                String::new()
+            } else {
+                format!(" ld={ld} off={off}")
+            }
         );
-        let buf = HostPlain::randn(bf, m, k, &name);
-        let l = Layout::contiguous(&[m, k]);
+        let buf = HostPlain::randn(bf, m + off.div_ceil(ld), ld, &name);
+        let l = Layout::new(vec![m, k], vec![ld, 1], off).unwrap();
         let hx = buf.input(&l);
         let dbuf = buf.upload(&dev);
         let dx = dbuf.input(&l);
