@@ -955,6 +955,36 @@ fn gpu_group_count_and_aux_fi_grid() {
             reference::aux_fi(&idx.view(), &params).unwrap().as_slice(),
         );
     }
+    // The bin counts around the per-bin arrival finish's limit (moe.cuh ARRIVAL_BINS = 256:
+    // every thread of every CTA finishes one bin; 257: the last-CTA ticket), ids uniform over
+    // the bins and -1, with illegal entries, several CTAs.
+    for e in [256usize, 257] {
+        let mut rng = Rng::for_case(&format!("gpu count arrival limit {e}"));
+        let idx = HostTensor::from_fn(&[5000, 8], |_| rng.below(e as u64 + 1) as i64 - 1);
+        let idx = with_illegal(&idx, e, &format!("arrival limit {e}"));
+        let clean = sanitize_indices(&idx.view(), e);
+        let di = up(&dev, &idx);
+        let params = tk_moe::GroupCountParams::new(e);
+        let mut out = poisoned::<i32>(&dev, &[e]);
+        tk_moe::group_count_into(&di.view(), &params, &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("group_count {e} bins"),
+            out.to_host().unwrap().as_slice(),
+            reference::group_count(&clean.view(), &params)
+                .unwrap()
+                .as_slice(),
+        );
+        let params = tk_moe::AuxFiParams::new(e, 8);
+        let mut out = poisoned::<f32>(&dev, &[e]);
+        tk_moe::aux_fi_into(&di.view(), &params, &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("aux_fi {e} experts"),
+            out.to_host().unwrap().as_slice(),
+            reference::aux_fi(&clean.view(), &params)
+                .unwrap()
+                .as_slice(),
+        );
+    }
     // More bins than one shared-memory window holds (the CTAs split the bins in windows).
     let idx = topk_idx_for(
         "gpu count big",
@@ -1157,7 +1187,8 @@ fn gpu_reduce_fused_and_aux_fi_are_deterministic() {
 
 /// `aux_fi`, `group_count` and `get_fused_mapping` finish in their last CTA with counters in
 /// one zeroed workspace per stream, which each launch must leave zero: interleaved on one fresh
-/// stream, with the workspace grown in between (10000 bins), every result stays bit-exact.
+/// stream, with the workspace grown in between (10000 bins) and both finishes (per-bin arrival
+/// up to 256 bins, the last-CTA ticket above) in turn, every result stays bit-exact.
 #[test]
 fn gpu_counting_ops_share_the_stream_workspace() {
     let Some(dev) = gpu_or_skip("gpu_counting_ops_share_the_stream_workspace") else {
@@ -1172,7 +1203,7 @@ fn gpu_counting_ops_share_the_stream_workspace() {
     };
     let idx = topk_idx_for("gpu workspace", &p);
     let di = up(&dev, &idx);
-    for (round, e) in [32usize, 10_000, 32, 32].into_iter().enumerate() {
+    for (round, e) in [32usize, 10_000, 32, 256, 257, 32].into_iter().enumerate() {
         let clean = sanitize_indices(&idx.view(), e);
         let params = tk_moe::GroupCountParams::new(e);
         assert_bits_eq(
