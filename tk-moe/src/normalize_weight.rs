@@ -36,9 +36,12 @@ impl NormalizeWeightParams {
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
-/// The GPU op (feature `cuda`). **Kernel** (`cuda/normalize_weight.cu`): one thread per token,
-/// `K` a compile-time constant; `__fadd_rn` in slot order and `__fdiv_rn`, so the bits equal
-/// the CPU reference's. No host sync; nothing is launched for `T == 0`.
+/// The GPU op (feature `cuda`). **Kernel** (`cuda/normalize_weight.cu`): `K` a compile-time
+/// constant; one thread per token, or, when the rows are 16-byte aligned and `K` is a multiple
+/// of `4·TOKEN_LANES`, `TOKEN_LANES` adjacent lanes per token (each reads and writes its share
+/// of the row as 16-byte vectors; the denominator passes from lane to lane by shuffles, in slot
+/// order). `__fadd_rn` in slot order and `__fdiv_rn`, so the bits equal the CPU reference's.
+/// No host sync; nothing is launched for `T == 0`.
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -51,6 +54,21 @@ mod gpu {
         access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, ROW_THREADS,
     };
 
+    /// Knob (A/B): lanes per token of the 16-byte row path (a power of two <= 32; 1 = one
+    /// thread per token, the previous kernel). Adjacent lanes read adjacent 16-byte vectors, so
+    /// a warp's accesses are whole rows, and `T·TOKEN_LANES` threads spread the tokens over
+    /// more CTAs (339 instead of 170 of 128 threads at T = 21671 on 132 SMs).
+    const TOKEN_LANES: usize = 2;
+
+    /// Lanes per token of the kernel for `k` slots (`vec`: 16-byte aligned rows).
+    fn lanes(k: usize, vec: bool) -> usize {
+        if vec && k > 0 && k % (4 * TOKEN_LANES) == 0 {
+            TOKEN_LANES
+        } else {
+            1
+        }
+    }
+
     static SOURCE: KernelSource = KernelSource {
         file: "normalize_weight.cu",
         entry: "tk_normalize_weight",
@@ -59,15 +77,20 @@ mod gpu {
         needs_cuda_headers: false,
     };
 
-    /// The kernel for `num_topk` slots.
-    pub fn kernel_spec(num_topk: usize) -> KernelSpec {
-        KernelSpec::new(&SOURCE).define("TK_K", num_topk)
+    /// The kernel for `num_topk` slots; `vec`: the rows of the input and output are 16-byte
+    /// aligned (the 16-byte path, with lanes per token where `num_topk` allows).
+    pub fn kernel_spec(num_topk: usize, vec: bool) -> KernelSpec {
+        KernelSpec::new(&SOURCE)
+            .define("TK_K", num_topk)
+            .define("TK_LANES", lanes(num_topk, vec))
     }
 
-    /// Representative specialisations (the spec's top-k values), for compile checks and
-    /// [`crate::prewarm`].
+    /// Representative specialisations (the spec's top-k values, aligned rows; `K = 8` also
+    /// unaligned), for compile checks and [`crate::prewarm`].
     pub fn registered_kernels() -> Vec<KernelSpec> {
-        [2, 6, 8, 9].map(kernel_spec).to_vec()
+        let mut v: Vec<_> = [2, 6, 8, 9].map(|k| kernel_spec(k, true)).to_vec();
+        v.push(kernel_spec(8, false));
+        v
     }
 
     /// GPU `normalize_weight(topk_weights (T, K) fp32) -> (denominator (T,), normalized (T, K))`
@@ -103,7 +126,6 @@ mod gpu {
         if t == 0 {
             return Ok(());
         }
-        let f = dev.function(&kernel_spec(k))?;
         let (den, out) = (denominator.address(), normalized.address());
         let (w, ld, t64) = (
             topk_weights.address(),
@@ -111,13 +133,17 @@ mod gpu {
             t as u64,
         );
         // 16-byte row accesses when every row of w and of out starts on a 16-byte boundary.
-        let vec = (k % 4 == 0 && access_bytes(&[w, ld * 4, out]) == 16) as u32;
+        let aligned = k % 4 == 0 && access_bytes(&[w, ld * 4, out]) == 16;
+        let f = dev.function(&kernel_spec(k, aligned))?;
+        let vec = aligned as u32;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&den).arg(&out).arg(&w).arg(&ld).arg(&t64).arg(&vec);
-        // SAFETY: thread t < T reads w[t, 0..K] (the validated view; 16-byte vectors only when
-        // `vec` says every row is aligned and K % 4 == 0) and writes den[t] and out[t, 0..K]
-        // (checked contiguous outputs); the buffers outlive the launch.
-        unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
+        let threads = t * lanes(k, aligned);
+        // SAFETY: token t < T is read (w[t, 0..K], the validated view; 16-byte vectors only
+        // when `vec` says every row is aligned and K % 4 == 0, which the lanes-per-token
+        // kernel also requires) and written (den[t], out[t, 0..K]: checked contiguous outputs)
+        // by its thread or its group of lanes; the buffers outlive the launch.
+        unsafe { l.launch(config(blocks(threads, ROW_THREADS as usize), ROW_THREADS)) }
             .ctx("launching tk_normalize_weight")?;
         Ok(())
     }

@@ -880,6 +880,41 @@ fn gpu_normalize_weight_grid() {
     });
 }
 
+/// `normalize_weight` off the grid: both kernels (lanes per token on 16-byte aligned rows with
+/// `K % 8 == 0`, one thread per token otherwise): K = 16 (two vectors per lane), K = 8 and 4
+/// with padded rows (row stride K + 1: one thread per token, scalar accesses), token counts
+/// that end inside a warp; fresh weights, poisoned outputs, bit-exact.
+#[test]
+fn gpu_normalize_weight_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_normalize_weight_off_grid") else {
+        return;
+    };
+    for (t, k, pad) in [(1001, 16, 0), (37, 8, 0), (999, 8, 1), (513, 4, 1)] {
+        let name = format!("normalize T={t} K={k} pad={pad}");
+        let mut rng = Rng::for_case(&name);
+        let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
+        let expected = reference::normalize_weight(&w.view()).unwrap();
+        let (buf, layout) = common::padded_rows(&w, pad, f32::NAN);
+        let dbuf = up(
+            &dev,
+            &HostTensor::from_vec(buf.clone(), &[buf.len()]).unwrap(),
+        );
+        let view = dbuf.view().with_layout(layout).unwrap();
+        let (mut den, mut out) = (poisoned::<f32>(&dev, &[t]), poisoned::<f32>(&dev, &[t, k]));
+        tk_moe::normalize_weight_into(&view, &mut den.view_mut(), &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("{name} den"),
+            den.to_host().unwrap().as_slice(),
+            expected.denominator.as_slice(),
+        );
+        assert_bits_eq(
+            &format!("{name} w"),
+            out.to_host().unwrap().as_slice(),
+            expected.normalized_weights.as_slice(),
+        );
+    }
+}
+
 #[test]
 fn gpu_group_count_and_aux_fi_grid() {
     let Some(dev) = gpu_or_skip("gpu_group_count_and_aux_fi_grid") else {
