@@ -115,6 +115,40 @@ pub(crate) mod count {
         }
         Ok(())
     }
+
+    /// A CPU model of the per-bin arrival finish (`moe.cuh` `finish_by_arrival`): whatever the
+    /// order in which the CTAs' atomics reach a bin's word, exactly one CTA sees all the other
+    /// arrivals, its total is the exact count, and the word ends at zero.
+    #[cfg(test)]
+    mod tests {
+        use tk_core::testing::Rng;
+
+        #[test]
+        fn arrival_finish_is_exact_in_any_order() {
+            let mut rng = Rng::for_case("arrival model");
+            for ctas in [1u32, 2, 86, 528] {
+                let counts: Vec<u32> = (0..ctas).map(|_| rng.below(5000) as u32).collect();
+                let mut order: Vec<usize> = (0..ctas as usize).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                let mut word = 0u64;
+                let mut puts = Vec::new();
+                for &b in &order {
+                    let c = counts[b];
+                    let old = word;
+                    word = word.wrapping_add((1u64 << 32) | c as u64);
+                    if (old >> 32) as u32 == ctas - 1 {
+                        puts.push((old as u32).wrapping_add(c));
+                        word = 0;
+                    }
+                }
+                let total: u32 = counts.iter().sum();
+                assert_eq!(puts, vec![total], "{ctas} CTAs");
+                assert_eq!(word, 0);
+            }
+        }
+    }
 }
 
 /// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): one launch over the whole

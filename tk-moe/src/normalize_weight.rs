@@ -147,4 +147,61 @@ mod gpu {
             .ctx("launching tk_normalize_weight")?;
         Ok(())
     }
+
+    /// A CPU model of the lanes-per-token kernel's index math (`normalize_lanes`): every
+    /// 16-byte vector of every token is read and written by exactly one lane, the lanes of a
+    /// token lie in one warp and hold its vectors in slot order by lane, one lane stores the
+    /// denominator, and a warp's iterations are uniform (it never leaves a lane behind).
+    #[cfg(test)]
+    mod tests {
+        use super::{lanes, ROW_THREADS};
+
+        #[test]
+        fn lanes_per_token_cover_every_vector_once() {
+            for (k, l) in [(8, 2), (16, 2), (40, 2), (16, 4), (32, 8)] {
+                let kv = k / 4;
+                let kvl = kv / l;
+                for (t, grid) in [(1, 1), (37, 1), (1001, 3), (1000, 16), (4096, 64)] {
+                    let block = ROW_THREADS as usize;
+                    let stride = grid * block;
+                    let mut seen = vec![0u32; t * kv];
+                    let mut den = vec![0u32; t];
+                    for b in 0..grid {
+                        for warp in 0..block / 32 {
+                            let mut g0 = b * block + warp * 32;
+                            while g0 < t * l {
+                                for lane in 0..32 {
+                                    let (h, first) = (lane % l, lane - lane % l);
+                                    let tok = (g0 + lane) / l;
+                                    assert_eq!(
+                                        (g0 + first) / l,
+                                        tok,
+                                        "a token's lanes share a warp"
+                                    );
+                                    if tok >= t {
+                                        continue;
+                                    }
+                                    if h == 0 {
+                                        den[tok] += 1;
+                                    }
+                                    for j in 0..kvl {
+                                        seen[tok * kv + h * kvl + j] += 1;
+                                    }
+                                }
+                                g0 += stride;
+                            }
+                        }
+                    }
+                    assert!(
+                        seen.iter().all(|&c| c == 1),
+                        "K={k} L={l} T={t} grid={grid}"
+                    );
+                    assert!(den.iter().all(|&c| c == 1), "K={k} L={l} T={t} grid={grid}");
+                }
+            }
+            assert_eq!(lanes(8, false), 1);
+            assert_eq!(lanes(6, true), 1);
+            assert_eq!(lanes(0, true), 1);
+        }
+    }
 }
