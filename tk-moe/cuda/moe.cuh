@@ -115,6 +115,32 @@ __device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ i
     }
 }
 
+// As count_pairs, but every thread runs the first round (its loads predicated off past the end)
+// and calls init() (block-wide: every thread calls it) after issuing that round's loads and
+// before counting them: the shared histogram's zeroing and its barrier run while the first
+// loads are in flight instead of before they are issued.
+template <u32 REPL, int R, class Init>
+__device__ __forceinline__ void count_pairs_init(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N,
+                                                 bool flat, i64 lo, i64 hi, u64 first, u32 g, u32 ng, Init init) {
+    const u32 lane = threadIdx.x % 32;
+    const u64 pairs = (N + 1) / 2;
+    bool once = true;
+    u64 j0 = first + g;
+    do {
+        i64 a[R], b[R];  // (R,) pairs of entries
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + (u64)r * ng, a[r], b[r]);
+        if (once) init();
+        once = false;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            tally<REPL>(hist, a[r], lo, hi, lane);
+            tally<REPL>(hist, b[r], lo, hi, lane);
+        }
+        j0 += (u64)ng * R;
+    } while (j0 < pairs);
+}
+
 // Bins up to which histograms keep 32 lane copies per bin (32 KiB of shared memory).
 constexpr u32 REPL_BINS = 256;
 
@@ -136,6 +162,9 @@ __device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins
 // Diagnostic knob (A/B only, WRONG output when 1): every CTA ends right after counting its
 // entries into shared memory, so the bench shows the time of the loads + histogram alone.
 #define TK_COUNT_DIAG_EXIT 0
+// Knob (A/B): 1 = grid_histogram issues its first round of loads before zeroing the shared
+// histogram (count_pairs_init); 0 = zero, barrier, then load (before).
+#define TK_COUNT_LOADS_FIRST 1
 
 // Bins up to which grid_histogram finishes per bin (one returning atomic per bin and CTA,
 // every bin by its own thread): as many as a CTA has threads.
@@ -182,9 +211,16 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
     u32* const bins = ws + WS_BINS;           // (E,) the grid's counts (ticket finish)
     const u32 g = blockIdx.x * COUNT_THREADS + threadIdx.x, ng = gridDim.x * COUNT_THREADS;
     if (SHARED) {
-        for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
-        __syncthreads();
-        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng);
+        const auto zero = [&] {
+            for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
+            __syncthreads();
+        };
+        if (TK_COUNT_LOADS_FIRST) {
+            count_pairs_init<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng, zero);
+        } else {
+            zero();
+            count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng);
+        }
         __syncthreads();
         if (TK_COUNT_DIAG_EXIT) return;
         if (REPL > 1) {
