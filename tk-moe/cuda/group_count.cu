@@ -21,5 +21,6 @@ using namespace tkm;
 extern "C" __global__ void __launch_bounds__(COUNT_THREADS)
     tk_group_count(i32* __restrict__ counts, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T,
                    u32 K, u32 flat) {
-    grid_histogram<TK_G, TK_COUNT_BIN_STRIDE>(ws, idx, ld, K, T * K, flat != 0, [&](u32 g, u32 c) { counts[g] = (i32)c; });
+    grid_histogram<TK_G, TK_COUNT_BIN_STRIDE>(ws, idx, ld, K, T * K, flat != 0,
+                                              [&](u32 g, u32 c) { counts[g] = (i32)c; });
 }

@@ -170,18 +170,18 @@ __device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins
 // every bin by its own thread): as many as a CTA has threads.
 constexpr u32 ARRIVAL_BINS = COUNT_THREADS;
 
-// Per-bin arrival finish (E <= ARRIVAL_BINS): the workspace holds, for each bin e, one 64-bit
-// word at u64 index e * STRIDE (the kernels' TK_COUNT_BIN_STRIDE, set by the host, which sizes
-// the workspace to 2 * STRIDE * E words; 16 = one 128-byte line per bin, so the bins' atomics
-// spread over L2 slices instead of queueing at one), (arrivals << 32) | count, zero between kernels. EVERY
-// CTA adds (1 << 32) | c (its count c, zero included) to every bin with one returning atomic;
-// the CTA whose atomic returns gridDim.x - 1 arrivals is the last to touch that bin in this
-// launch (atomics on one word are totally ordered and each CTA adds once), so the returned
+// Per-bin arrival finish (E <= ARRIVAL_BINS): the workspace holds, for each bin e, one 64-bit word
+// (arrivals << 32) | count at u64 index e * STRIDE, zero between kernels (STRIDE: the kernels'
+// TK_COUNT_BIN_STRIDE, set by the host, which sizes the workspace to 2 * STRIDE * E words; 16 =
+// one 128-byte line per bin, so the bins' atomics spread over L2 slices instead of queueing at
+// one). EVERY CTA adds (1 << 32) | c (its count c, zero included) to every bin with one returning
+// atomic; the CTA whose atomic returns gridDim.x - 1 arrivals is the last to touch that bin in
+// this launch (atomics on one word are totally ordered and each CTA adds once), so the returned
 // count plus its own is the bin's exact total: it puts it and stores 0 back to the word (same
-// thread, same word, after its atomic: ordered after every add). No fence, no ticket, no
-// second round: the critical path after the counts is one L2 atomic round (the ticket finish
-// is a fenced RED round, the ticket round, then the exchange round). Totals < 2^31 (host:
-// T*K <= i32::MAX), so the count never carries into the arrivals; gridDim.x < 2^32.
+// thread, same word, after its atomic: ordered after every add). No fence, no ticket, no second
+// round: the critical path after the counts is one L2 atomic round (the ticket finish is a fenced
+// RED round, the ticket round, then the exchange round). Totals < 2^31 (host: T*K <= i32::MAX), so
+// the count never carries into the arrivals; gridDim.x < 2^32.
 template <u32 STRIDE, class Put>
 __device__ __forceinline__ void finish_by_arrival(u64* ws, u32 e, u32 c, Put put) {
     unsigned long long* const w = reinterpret_cast<unsigned long long*>(ws) + (u64)e * STRIDE;
@@ -231,7 +231,8 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
         if (ARRIVAL) {
             static_assert(!ARRIVAL || REPL > 1, "the arrival finish reads the folded counts");
             // One bin per thread (E <= COUNT_THREADS); reads the thread's own fold (e = thread).
-            if (threadIdx.x < E) finish_by_arrival<STRIDE>(reinterpret_cast<u64*>(ws), threadIdx.x, sums[threadIdx.x], put);
+            if (threadIdx.x < E)
+                finish_by_arrival<STRIDE>(reinterpret_cast<u64*>(ws), threadIdx.x, sums[threadIdx.x], put);
             return;
         }
         for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS)
