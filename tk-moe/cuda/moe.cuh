@@ -115,6 +115,32 @@ __device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ i
     }
 }
 
+// As count_pairs, but every thread runs the first round (its loads predicated off past the end)
+// and calls init() (block-wide: every thread calls it) after issuing that round's loads and
+// before counting them: the shared histogram's zeroing and its barrier run while the first
+// loads are in flight instead of before they are issued.
+template <u32 REPL, int R, class Init>
+__device__ __forceinline__ void count_pairs_init(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N,
+                                                 bool flat, i64 lo, i64 hi, u64 first, u32 g, u32 ng, Init init) {
+    const u32 lane = threadIdx.x % 32;
+    const u64 pairs = (N + 1) / 2;
+    bool once = true;
+    u64 j0 = first + g;
+    do {
+        i64 a[R], b[R];  // (R,) pairs of entries
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + (u64)r * ng, a[r], b[r]);
+        if (once) init();
+        once = false;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            tally<REPL>(hist, a[r], lo, hi, lane);
+            tally<REPL>(hist, b[r], lo, hi, lane);
+        }
+        j0 += (u64)ng * R;
+    } while (j0 < pairs);
+}
+
 // Bins up to which histograms keep 32 lane copies per bin (32 KiB of shared memory).
 constexpr u32 REPL_BINS = 256;
 
@@ -130,31 +156,85 @@ __device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins
     }
 }
 
+// Knob (A/B): 1 = the per-bin arrival finish of grid_histogram for E <= ARRIVAL_BINS (below);
+// 0 = every E finishes with the last-CTA ticket (the previous kernel).
+#define TK_COUNT_BIN_ARRIVAL 1
+// Diagnostic knob (A/B only, WRONG output when 1): every CTA ends right after counting its
+// entries into shared memory, so the bench shows the time of the loads + histogram alone.
+#define TK_COUNT_DIAG_EXIT 0
+// Knob (A/B): 1 = grid_histogram issues its first round of loads before zeroing the shared
+// histogram (count_pairs_init); 0 = zero, barrier, then load (before).
+#define TK_COUNT_LOADS_FIRST 1
+
+// Bins up to which grid_histogram finishes per bin (one returning atomic per bin and CTA,
+// every bin by its own thread): as many as a CTA has threads.
+constexpr u32 ARRIVAL_BINS = COUNT_THREADS;
+
+// Per-bin arrival finish (E <= ARRIVAL_BINS): the workspace holds, for each bin e, one 64-bit word
+// (arrivals << 32) | count at u64 index e * STRIDE, zero between kernels (STRIDE: the kernels'
+// TK_COUNT_BIN_STRIDE, set by the host, which sizes the workspace to 2 * STRIDE * E words; 16 =
+// one 128-byte line per bin, so the bins' atomics spread over L2 slices instead of queueing at
+// one). EVERY CTA adds (1 << 32) | c (its count c, zero included) to every bin with one returning
+// atomic; the CTA whose atomic returns gridDim.x - 1 arrivals is the last to touch that bin in
+// this launch (atomics on one word are totally ordered and each CTA adds once), so the returned
+// count plus its own is the bin's exact total: it puts it and stores 0 back to the word (same
+// thread, same word, after its atomic: ordered after every add). No fence, no ticket, no second
+// round: the critical path after the counts is one L2 atomic round (the ticket finish is a fenced
+// RED round, the ticket round, then the exchange round). Totals < 2^31 (host: T*K <= i32::MAX), so
+// the count never carries into the arrivals; gridDim.x < 2^32.
+template <u32 STRIDE, class Put>
+__device__ __forceinline__ void finish_by_arrival(u64* ws, u32 e, u32 c, Put put) {
+    unsigned long long* const w = reinterpret_cast<unsigned long long*>(ws) + (u64)e * STRIDE;
+    const u64 old = atomicAdd(w, (1ull << 32) | c);
+    if ((u32)(old >> 32) != gridDim.x - 1) return;
+    put(e, (u32)old + c);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(w), "l"(0ull) : "memory");
+}
+
 // The exact count c_e of the entries equal to e of idx (T, K) row stride ld (N = T*K entries),
-// for every e in [0, E): calls put(e, c_e) once per bin, from a thread of the last CTA. ws: the
-// zeroed workspace of 1 + E words (left zeroed). E <= COUNT_BINS: each CTA counts into a shared
-// histogram (32 lane copies per bin for E <= REPL_BINS, folded after counting) and adds its
-// non-zero bins to ws; larger E: every entry is one global atomic on ws.
-template <u32 E, class Put>
+// for every e in [0, E): calls put(e, c_e) once per bin, from one thread (of the last CTA to
+// finish, or, per-bin arrival, of the last CTA to reach that bin). ws: the zeroed workspace
+// (1 + E words, or 2 * STRIDE * E words with the per-bin arrival; left zeroed).
+// E <= COUNT_BINS: each CTA counts into a shared histogram (32 lane copies per bin for
+// E <= REPL_BINS, folded after counting); E <= ARRIVAL_BINS finishes per bin
+// (finish_by_arrival), larger E adds its non-zero bins to ws and finishes in the last CTA;
+// larger E than COUNT_BINS: every entry is one global atomic on ws.
+template <u32 E, u32 STRIDE, class Put>
 __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
                                                Put put) {
     constexpr bool SHARED = E <= COUNT_BINS;
+    constexpr bool ARRIVAL = TK_COUNT_BIN_ARRIVAL && E <= ARRIVAL_BINS;
     constexpr u32 W = SHARED ? E : 1;
     constexpr u32 REPL = E <= REPL_BINS ? 32 : 1;
     __shared__ u32 hist[W * REPL];            // (W, REPL) this CTA's counts (SHARED)
     __shared__ u32 tot[REPL > 1 ? W : 1];     // (W,) the folded copies (REPL > 1)
-    u32* const bins = ws + WS_BINS;           // (E,) the grid's counts
+    u32* const bins = ws + WS_BINS;           // (E,) the grid's counts (ticket finish)
     const u32 g = blockIdx.x * COUNT_THREADS + threadIdx.x, ng = gridDim.x * COUNT_THREADS;
     if (SHARED) {
-        for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
+        const auto zero = [&] {
+            for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
+            __syncthreads();
+        };
+        if (TK_COUNT_LOADS_FIRST) {
+            count_pairs_init<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng, zero);
+        } else {
+            zero();
+            count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng);
+        }
         __syncthreads();
-        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng);
-        __syncthreads();
+        if (TK_COUNT_DIAG_EXIT) return;
         if (REPL > 1) {
             fold_copies<REPL>(tot, hist, W);
             __syncthreads();
         }
         const u32* sums = REPL > 1 ? tot : hist;  // (W,) this CTA's count per bin
+        if (ARRIVAL) {
+            static_assert(!ARRIVAL || REPL > 1, "the arrival finish reads the folded counts");
+            // One bin per thread (E <= COUNT_THREADS); reads the thread's own fold (e = thread).
+            if (threadIdx.x < E)
+                finish_by_arrival<STRIDE>(reinterpret_cast<u64*>(ws), threadIdx.x, sums[threadIdx.x], put);
+            return;
+        }
         for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS)
             if (sums[e] != 0) atomicAdd(bins + e, sums[e]);
     } else {

@@ -85,15 +85,17 @@ pub use gpu::*;
 
 /// The GPU op (feature `cuda`). **Kernel** (`cuda/aux_fi.cu`): one launch, no memset: the ids
 /// are counted exactly as in `group_count` (shared-memory histograms over the whole GPU, summed
-/// with integer global atomics in the per-stream workspace), and the last CTA applies the
-/// formula once per expert: `fp32(c_e·E)` (one RNE conversion of the exact 64-bit product)
-/// divided (`__fdiv_rn`) by `fp32(T·num_aux_topk)` computed on the host. Bit-exact with the CPU reference and identical run to run, whatever
-/// the grid. Illegal entries are skipped (read as `-1`). No host sync.
+/// with integer global atomics in the per-stream workspace), and the thread that sees an
+/// expert's exact total (for `E <= 256` the last CTA to reach that expert, else the last CTA)
+/// applies the formula once: `fp32(c_e·E)` (one RNE conversion of the exact 64-bit product)
+/// divided (`__fdiv_rn`) by `fp32(T·num_aux_topk)` computed on the host. Bit-exact with the
+/// CPU reference and identical run to run, whatever the grid. Illegal entries are skipped
+/// (read as `-1`). No host sync.
 ///
 /// GPU limits beyond [`AuxFiParams::validate`]: `T·K <= i32::MAX` and `E <= i32::MAX`
 /// ([`TkError::Shape`] naming `topk_idx` / [`TkError::Param`] naming `num_experts`). The
-/// stream's workspace holds `E + 1` counters, as for `group_count` (allocated by the first
-/// call on the stream that needs it: not inside a graph capture; see [`crate::prewarm`]).
+/// stream's workspace is sized as for `group_count` (allocated by the first call on the stream
+/// that needs it: not inside a graph capture; see [`crate::prewarm`]).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -104,7 +106,7 @@ mod gpu {
     use super::AuxFiParams;
     use crate::checks::check_flat_fits_i32;
     use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
-    use crate::group_count::count::{check_bins, launch_config, workspace};
+    use crate::group_count::count::{check_bins, count_spec, launch_config, workspace};
 
     static SOURCE: KernelSource = KernelSource {
         file: "aux_fi.cu",
@@ -116,7 +118,7 @@ mod gpu {
 
     /// The kernel for `num_experts` experts.
     pub fn kernel_spec(num_experts: usize) -> KernelSpec {
-        KernelSpec::new(&SOURCE).define("TK_E", num_experts)
+        count_spec(&SOURCE, "TK_E", num_experts)
     }
 
     /// Representative specialisations (the moe12 local expert counts), for compile checks and
@@ -173,9 +175,10 @@ mod gpu {
             .arg(&den);
         // SAFETY: the kernel reads topk_idx[t, k] for t < T, k < K (the validated view; pairs
         // with one 16-byte load only when `flat` says the entries are one aligned run) and
-        // writes f[e] for every 0 <= e < E (the checked (E,) output). It updates words 0..=E of
-        // the stream's workspace (at least 1 + E words) and leaves them zero; launches on this
-        // stream are ordered, so no other kernel uses them meanwhile.
+        // writes f[e] for every 0 <= e < E (the checked (E,) output). It updates the first
+        // `workspace_words(E)` words of the stream's workspace (`workspace` allocated at least
+        // that many) and leaves them zero; launches on this stream are ordered, so no other
+        // kernel uses them meanwhile.
         unsafe { l.launch(launch_config(dev, t * k)) }.ctx("launching tk_aux_fi")?;
         Ok(())
     }

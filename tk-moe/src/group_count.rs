@@ -48,12 +48,12 @@ impl GroupCountParams {
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
-/// Launch plumbing shared by `group_count` and `aux_fi` (both count ids into `bins` counters
-/// with `moe.cuh`'s `grid_histogram`).
+/// Launch plumbing shared by `group_count` and `aux_fi` (both count ids into `bins` bins with
+/// `moe.cuh`'s `grid_histogram`).
 #[cfg(feature = "cuda")]
 pub(crate) mod count {
     use cudarc::driver::LaunchConfig;
-    use tk_core::{Device, Result, TkError};
+    use tk_core::{Device, KernelSource, KernelSpec, Result, TkError};
 
     use crate::gpu::{blocks, config};
     use crate::workspace::zeroed_words;
@@ -64,6 +64,20 @@ pub(crate) mod count {
     const COUNT_PAIRS: usize = 4;
     /// CTAs per SM at most (the CTAs loop over larger inputs).
     const CTAS_PER_SM: u32 = 4;
+    /// Bins up to which the kernels finish per bin (`moe.cuh` `ARRIVAL_BINS`): one 64-bit
+    /// arrival word per bin in the workspace.
+    const ARRIVAL_BINS: usize = COUNT_THREADS as usize;
+    /// Knob (A/B): 64-bit words between two bins' arrival words (the kernels'
+    /// `TK_COUNT_BIN_STRIDE`): 16 puts each bin on its own 128-byte line (its atomics on their
+    /// own L2 slice where the hash spreads them), 1 packs them (two lines at 32 bins).
+    const COUNT_BIN_STRIDE: usize = 16;
+
+    /// The kernel of a counting op: `source` with `name` = `bins` and the arrival stride.
+    pub(crate) fn count_spec(source: &'static KernelSource, name: &str, bins: usize) -> KernelSpec {
+        KernelSpec::new(source)
+            .define(name, bins)
+            .define("TK_COUNT_BIN_STRIDE", COUNT_BIN_STRIDE)
+    }
 
     /// The launch of a counting kernel over `entries` index entries: one CTA per
     /// `2·COUNT_PAIRS·COUNT_THREADS` entries (every load in flight at once), at most
@@ -74,10 +88,21 @@ pub(crate) mod count {
         config(blocks(entries, per_cta).min(most), COUNT_THREADS)
     }
 
-    /// The zeroed workspace of a counting kernel with `bins` bins on `dev`'s stream: a ticket
-    /// and `bins` counters (`crate::workspace`).
+    /// The u32 words of the workspace of a counting kernel with `bins` bins: `bins` 64-bit
+    /// arrival words `COUNT_BIN_STRIDE` apart up to `ARRIVAL_BINS` bins, else a ticket and `bins`
+    /// counters.
+    fn workspace_words(bins: usize) -> usize {
+        if bins <= ARRIVAL_BINS {
+            (2 * COUNT_BIN_STRIDE * bins).max(1 + bins)
+        } else {
+            1 + bins
+        }
+    }
+
+    /// The zeroed workspace of a counting kernel with `bins` bins on `dev`'s stream
+    /// (`crate::workspace`, [`workspace_words`] words).
     pub(crate) fn workspace(dev: &Device, bins: usize) -> Result<u64> {
-        zeroed_words(dev, 1 + bins)
+        zeroed_words(dev, workspace_words(bins))
     }
 
     /// The GPU limit on the bin count `bins` (the argument `arg`): `<= i32::MAX`.
@@ -90,22 +115,61 @@ pub(crate) mod count {
         }
         Ok(())
     }
+
+    /// A CPU model of the per-bin arrival finish (`moe.cuh` `finish_by_arrival`): whatever the
+    /// order in which the CTAs' atomics reach a bin's word, exactly one CTA sees all the other
+    /// arrivals, its total is the exact count, and the word ends at zero.
+    #[cfg(test)]
+    mod tests {
+        use tk_core::testing::Rng;
+
+        #[test]
+        fn arrival_finish_is_exact_in_any_order() {
+            let mut rng = Rng::for_case("arrival model");
+            for ctas in [1u32, 2, 86, 528] {
+                let counts: Vec<u32> = (0..ctas).map(|_| rng.below(5000) as u32).collect();
+                let mut order: Vec<usize> = (0..ctas as usize).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                let mut word = 0u64;
+                let mut puts = Vec::new();
+                for &b in &order {
+                    let c = counts[b];
+                    let old = word;
+                    word = word.wrapping_add((1u64 << 32) | c as u64);
+                    if (old >> 32) as u32 == ctas - 1 {
+                        puts.push((old as u32).wrapping_add(c));
+                        word = 0;
+                    }
+                }
+                let total: u32 = counts.iter().sum();
+                assert_eq!(puts, vec![total], "{ctas} CTAs");
+                assert_eq!(word, 0);
+            }
+        }
+    }
 }
 
 /// The GPU op (feature `cuda`). **Kernel** (`cuda/group_count.cu`): one launch over the whole
 /// GPU (CTAs of 256 threads, each loading 4 pairs of entries per thread at once); each CTA
-/// counts its share of the entries into a shared-memory histogram and adds its non-zero bins to
-/// integer counters with global atomics (for `G > 8192`, every entry is one global atomic);
-/// the last CTA to finish writes every bin (zeros included) and resets the counters, which live
-/// in a per-stream zeroed workspace (no memset launch; see `prewarm` before graph capture).
-/// Exact and deterministic (integer sums). Illegal entries are skipped (read as `-1`). No host
-/// sync.
+/// counts its share of the entries into a shared-memory histogram. For `G <= 256` every CTA then
+/// adds `(1 << 32) | count` to each bin's 64-bit arrival word with one returning atomic per bin,
+/// and the CTA whose atomic returns all the other CTAs' arrivals writes that bin (the returned
+/// count plus its own) and stores the word back to zero: no fence, no ticket. For larger `G`
+/// each CTA adds its non-zero bins to integer counters with global atomics (for `G > 8192`,
+/// every entry is one global atomic), and the last CTA to finish (a ticket) writes every bin
+/// and resets the counters. Zeros are written too. The words live in a per-stream zeroed
+/// workspace that every launch leaves zero (no memset launch; see `prewarm` before graph
+/// capture). Exact and deterministic (integer sums). Illegal entries are skipped (read as
+/// `-1`). No host sync.
 ///
 /// GPU limit beyond [`GroupCountParams::validate`]: `G <= i32::MAX` ([`TkError::Param`] naming
-/// `num_groups`). The stream's workspace holds `G + 1` counters (4 bytes each, rounded up to a
-/// power of two, at least 16 KiB), kept for later calls on that stream; it is allocated (and
-/// zero-filled) by the first call on the stream that needs it, which therefore must not be
-/// inside a CUDA graph capture ([`crate::prewarm`] prepares 4095 bins).
+/// `num_groups`). The stream's workspace holds `G + 1` counters (4 bytes each), or for
+/// `G <= 256` one 64-bit word per bin 128 bytes apart, rounded up to a power of two, at least
+/// 32 KiB, kept for later calls on that stream; it is allocated (and zero-filled) by the first
+/// call on the stream that needs it, which therefore must not be inside a CUDA graph capture
+/// ([`crate::prewarm`] prepares 8191 bins).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -113,7 +177,7 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
-    use super::count::{check_bins, launch_config, workspace};
+    use super::count::{check_bins, count_spec, launch_config, workspace};
     use super::GroupCountParams;
     use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
 
@@ -127,7 +191,7 @@ mod gpu {
 
     /// The kernel for `num_groups` bins.
     pub fn kernel_spec(num_groups: usize) -> KernelSpec {
-        KernelSpec::new(&SOURCE).define("TK_G", num_groups)
+        count_spec(&SOURCE, "TK_G", num_groups)
     }
 
     /// Representative specialisations (the moe12 local expert counts), for compile checks and
@@ -180,8 +244,9 @@ mod gpu {
         // SAFETY: the kernel reads group_idx[t, k] for t < T, k < K (the validated view; pairs
         // with one 16-byte load only when `flat` says the entries are one aligned run) and
         // writes counts[g] for every 0 <= g < G (the checked (G,) output); T·K <= i32::MAX. It
-        // updates words 0..=G of the stream's workspace (at least 1 + G words) and leaves them
-        // zero; launches on this stream are ordered, so no other kernel uses them meanwhile.
+        // updates the first `workspace_words(G)` words of the stream's workspace (`workspace`
+        // allocated at least that many) and leaves them zero; launches on this stream are
+        // ordered, so no other kernel uses them meanwhile.
         unsafe { l.launch(launch_config(dev, t * k)) }.ctx("launching tk_group_count")?;
         Ok(())
     }

@@ -880,6 +880,41 @@ fn gpu_normalize_weight_grid() {
     });
 }
 
+/// `normalize_weight` off the grid: both kernels (lanes per token on 16-byte aligned rows with
+/// `K % 8 == 0`, one thread per token otherwise): K = 16 (two vectors per lane), K = 8 and 4
+/// with padded rows (row stride K + 1: one thread per token, scalar accesses), token counts
+/// that end inside a warp; fresh weights, poisoned outputs, bit-exact.
+#[test]
+fn gpu_normalize_weight_off_grid() {
+    let Some(dev) = gpu_or_skip("gpu_normalize_weight_off_grid") else {
+        return;
+    };
+    for (t, k, pad) in [(1001, 16, 0), (37, 8, 0), (999, 8, 1), (513, 4, 1)] {
+        let name = format!("normalize T={t} K={k} pad={pad}");
+        let mut rng = Rng::for_case(&name);
+        let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
+        let expected = reference::normalize_weight(&w.view()).unwrap();
+        let (buf, layout) = common::padded_rows(&w, pad, f32::NAN);
+        let dbuf = up(
+            &dev,
+            &HostTensor::from_vec(buf.clone(), &[buf.len()]).unwrap(),
+        );
+        let view = dbuf.view().with_layout(layout).unwrap();
+        let (mut den, mut out) = (poisoned::<f32>(&dev, &[t]), poisoned::<f32>(&dev, &[t, k]));
+        tk_moe::normalize_weight_into(&view, &mut den.view_mut(), &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("{name} den"),
+            den.to_host().unwrap().as_slice(),
+            expected.denominator.as_slice(),
+        );
+        assert_bits_eq(
+            &format!("{name} w"),
+            out.to_host().unwrap().as_slice(),
+            expected.normalized_weights.as_slice(),
+        );
+    }
+}
+
 #[test]
 fn gpu_group_count_and_aux_fi_grid() {
     let Some(dev) = gpu_or_skip("gpu_group_count_and_aux_fi_grid") else {
@@ -953,6 +988,36 @@ fn gpu_group_count_and_aux_fi_grid() {
                 .unwrap()
                 .as_slice(),
             reference::aux_fi(&idx.view(), &params).unwrap().as_slice(),
+        );
+    }
+    // The bin counts around the per-bin arrival finish's limit (moe.cuh ARRIVAL_BINS = 256:
+    // every thread of every CTA finishes one bin; 257: the last-CTA ticket), ids uniform over
+    // the bins and -1, with illegal entries, several CTAs.
+    for e in [256usize, 257] {
+        let mut rng = Rng::for_case(&format!("gpu count arrival limit {e}"));
+        let idx = HostTensor::from_fn(&[5000, 8], |_| rng.below(e as u64 + 1) as i64 - 1);
+        let idx = with_illegal(&idx, e, &format!("arrival limit {e}"));
+        let clean = sanitize_indices(&idx.view(), e);
+        let di = up(&dev, &idx);
+        let params = tk_moe::GroupCountParams::new(e);
+        let mut out = poisoned::<i32>(&dev, &[e]);
+        tk_moe::group_count_into(&di.view(), &params, &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("group_count {e} bins"),
+            out.to_host().unwrap().as_slice(),
+            reference::group_count(&clean.view(), &params)
+                .unwrap()
+                .as_slice(),
+        );
+        let params = tk_moe::AuxFiParams::new(e, 8);
+        let mut out = poisoned::<f32>(&dev, &[e]);
+        tk_moe::aux_fi_into(&di.view(), &params, &mut out.view_mut()).unwrap();
+        assert_bits_eq(
+            &format!("aux_fi {e} experts"),
+            out.to_host().unwrap().as_slice(),
+            reference::aux_fi(&clean.view(), &params)
+                .unwrap()
+                .as_slice(),
         );
     }
     // More bins than one shared-memory window holds (the CTAs split the bins in windows).
@@ -1157,7 +1222,8 @@ fn gpu_reduce_fused_and_aux_fi_are_deterministic() {
 
 /// `aux_fi`, `group_count` and `get_fused_mapping` finish in their last CTA with counters in
 /// one zeroed workspace per stream, which each launch must leave zero: interleaved on one fresh
-/// stream, with the workspace grown in between (10000 bins), every result stays bit-exact.
+/// stream, with the workspace grown in between (10000 bins) and both finishes (per-bin arrival
+/// up to 256 bins, the last-CTA ticket above) in turn, every result stays bit-exact.
 #[test]
 fn gpu_counting_ops_share_the_stream_workspace() {
     let Some(dev) = gpu_or_skip("gpu_counting_ops_share_the_stream_workspace") else {
@@ -1172,7 +1238,7 @@ fn gpu_counting_ops_share_the_stream_workspace() {
     };
     let idx = topk_idx_for("gpu workspace", &p);
     let di = up(&dev, &idx);
-    for (round, e) in [32usize, 10_000, 32, 32].into_iter().enumerate() {
+    for (round, e) in [32usize, 10_000, 32, 256, 257, 32].into_iter().enumerate() {
         let clean = sanitize_indices(&idx.view(), e);
         let params = tk_moe::GroupCountParams::new(e);
         assert_bits_eq(
