@@ -19,6 +19,9 @@
 // The 16-byte units of each shared row are XOR-swizzled (`swz`) so that the 16-byte writes of
 // step 1 and the 4-byte reads of step 2 are both free of bank conflicts. At most 40 registers:
 // 48 warps per SM resident (6 blocks of 256 threads).
+// Tail split: the tile rows (along y) from `split` on are each done by P = 2^`tail_log2` blocks
+// of TX / P input rows (the host picks about the last resident wave of tiles), so the SMs run
+// out of work within a fraction of a whole tile's lifetime of each other.
 #include "tk/common.cuh"
 
 #ifndef TK_ELEM_BYTES
@@ -101,25 +104,34 @@ __device__ __forceinline__ uint4 transpose_words(const u32 (&w)[V], u32 j) {
 
 // out: (B, Y, X) contiguous; in: (B, X, Y) with row stride `ld` and batch stride `bs` (elements).
 // Grid: x -> tiles along x, exactly ceil(X / TX) of them (consecutive blocks write adjacent
-// pieces of the same output rows); y -> tiles along y and z -> batch, both looping, so any size
-// fits the grid limits.
+// pieces of the same output rows); y -> block rows: tile row ty < split is block row ty, tile
+// row ty >= split is block rows split + (ty - split) * P + p for its P = 2^tail_log2 parts p
+// (part p: input rows p * TX / P .. of each tile); z -> batch. y and z loop, so any size fits
+// the grid limits. split <= ceil(Y / (BANDS * BY)); TX / P is a multiple of V (P <= TX / V).
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpose(elem_t* __restrict__ out,
                                                                                 const elem_t* __restrict__ in,
                                                                                 u32 batches, u32 X, u32 Y,
-                                                                                u64 ld, u64 bs) {
+                                                                                u64 ld, u64 bs, u32 split,
+                                                                                u32 tail_log2) {
     __shared__ uint4 tile[BANDS][TX][8];  // (band, tile row, swizzled 16-byte unit along y)
     const u32 t = threadIdx.x;
     const u32 lr = t / 8, lu = t % 8;    // step 1: first tile row and the unit of this thread
     const u32 vx = t % LX, wy = t / LX;  // step 2: output vector and word column (0..31) of the task
     const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // step 2: swizzled unit, word in it
-    const u32 x0 = blockIdx.x * TX;                         // tile origin along x (< X)
-    // Tiles along y; X - x0 and Y - y0 bound the offsets below, so nothing overflows for any
-    // X, Y < 2^32.
+    // Tiles along y, block rows (< 2^31: nty < 2^27 and P <= 8); xl and Y - y0 bound the offsets
+    // below, so nothing overflows for any X, Y < 2^32.
     const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
+    const u32 part_rows = TX >> tail_log2;  // input rows of a tail block
+    const u32 nby = split + ((nty - split) << tail_log2);
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
         elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
-        for (u32 ty = blockIdx.y; ty < nty; ty += gridDim.y) {
+        for (u32 by = blockIdx.y; by < nby; by += gridDim.y) {
+            // Tile row, and this block's first input row x0 and row count xl (0 for a tail part
+            // past the end of a partial last tile; then the block only meets the barriers).
+            const u32 m = by - split, ty = by < split ? by : split + (m >> tail_log2);
+            const u32 x0 = blockIdx.x * TX + (by < split ? 0 : (m & ((1u << tail_log2) - 1)) * part_rows);
+            const u32 xl = x0 < X ? min(X - x0, by < split ? TX : part_rows) : 0;
             const u32 y0 = ty * BANDS * BY;  // tile origin along y
             __syncthreads();                 // the previous tile's reads of shared memory are done
             // This thread's first vector; the others are NT / 8 rows and whole bands further on.
@@ -129,17 +141,17 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-                    if (r < X - x0 && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY);
+                    if (r < xl && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY);
                 }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
-            // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
-            // rows of an in-range output vector, and the unit holding an in-range word, are in range.
+            // Every word a task reads was written in step 1: xl and Y - y0 are multiples of V, so the
+            // V rows of an in-range output vector, and the unit holding an in-range word, are in range.
             // One band's task at a time for 1-byte elements: its 16 words and 16 output words
             // already fill the register budget, and interleaving two bands' tasks spills.
 #pragma unroll(E == 1 ? 1 : BANDS)
             for (u32 c = 0; c < BANDS; ++c) {
-                if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
+                if (vx * V < xl && c * BY + wy * W < Y - y0) {
                     // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
                     elem_t* q = dst + (u64)(y0 + c * BY + wy * W) * X + x0 + vx * V;
                     u32 w[V];  // (V input rows, W elements along y)
@@ -157,11 +169,12 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
 
 constexpr int T = 32;  // tile edge (elements); 32 x 8 threads, each moves 4 elements per phase
 
-// Same arguments as the staged path; any X, Y, ld, bs and only element alignment.
+// Same arguments as the staged path (the tail split, the last two, is unused: the host passes
+// split = tail_log2 = 0); any X, Y, ld, bs and only element alignment.
 extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
                                                                        const elem_t* __restrict__ in,
                                                                        u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs) {
+                                                                       u64 ld, u64 bs, u32, u32) {
     __shared__ elem_t tile[T][T + 1];  // (x in tile, y in tile), padded against bank conflicts
     const u32 ntx = (X + T - 1) / T, nty = (Y + T - 1) / T;
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
