@@ -63,14 +63,34 @@ static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
 // units of a row with 8 consecutive lanes: a permutation of the 8 units, also conflict-free.
 __device__ __forceinline__ u32 swz(u32 r) { return (r / V) * (8 / LX); }
 
+// Knob (H200 A/B): 1 = the `.L2::256B` prefetch hint only where the whole 256-byte block lies in
+// the row's data (see below); 0 = on every load (before session 6).
+#define TK_HINT_IN_ROW 1
+
 // Copies 16 bytes from global to shared memory without passing through registers (cp.async,
-// L1 bypassed); complete for the issuing thread after `cp.async.wait_all`. `.L2::256B` has L2
-// fetch the whole 256-byte block around the 128 bytes a warp row reads: with 128-byte bands the
-// other half is the next band, which a block launched soon after reads (H200: 8064 x 7168 e4m3
-// 31.7 -> 31.1 us in the tiling sweep of branch next-tr).
-__device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem) {
+// L1 bypassed); complete for the issuing thread after `cp.async.wait_all`. With `wide`,
+// `.L2::256B` has L2 fetch the whole 256-byte block around the 128 bytes a warp row reads: with
+// 128-byte bands the other half is the next band, which a block launched soon after reads
+// (H200: 8064 x 7168 e4m3 31.7 -> 31.1 us in the tiling sweep of branch next-tr).
+__device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bool wide) {
     const u32 s = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+    if (wide)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// Whether the 256-byte block around `gmem`, which lies `off` bytes into a row of `row_bytes`
+// bytes, is all inside the row. At a row end the other half of the block is data no block reads
+// (the next row's padding or a wider buffer's other columns: at 4032 x 576 e4m3 with row stride
+// 1152, a third more DRAM reads) or, for rows not 256-byte aligned, the previous row's end.
+__device__ __forceinline__ bool block_in_row(const elem_t* gmem, u64 off, u64 row_bytes) {
+#if TK_HINT_IN_ROW
+    const u32 a = (u32)reinterpret_cast<u64>(gmem) & 255;  // offset of gmem in its 256-byte block
+    return a <= off && off - a + 256 <= row_bytes;
+#else
+    return true;
+#endif
 }
 
 // One 16-byte global store. Spelled out because NVVM splits a plain uint4 store of values it
@@ -141,7 +161,10 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-                    if (r < xl && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY);
+                    if (r < xl && u < Y - y0) {
+                        const elem_t* g = p + k * (NT / 8) * ld + c * BY;  // element (x0 + r, y0 + u)
+                        copy16_async(&tile[c][r][lu ^ swz(r)], g, block_in_row(g, (u64)(y0 + u) * E, (u64)Y * E));
+                    }
                 }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
