@@ -52,7 +52,11 @@ constexpr u32 BY = 128 / E;         // band width (elements along y)
 constexpr u32 LX = TX / V;          // output vectors per tile row = lanes of a warp along x
 constexpr u32 NT = 32 * LX;         // threads per block = tasks per band (32 words x LX vectors)
 constexpr u32 LOADS = 8 * TX / NT;  // 16-byte input vectors per thread and band (= 4 / E)
-constexpr u32 MIN_BLOCKS = 1536 / NT;  // resident blocks per SM the register budget must allow
+// Resident blocks per SM the register budget must allow: 1536 threads, or fewer where the tile
+// (plus the 1 KB the driver reserves per block) fills the 228 KB of shared memory of an sm_90 /
+// sm_100 SM first (e4m3 4-band tiles: 6 or 13 blocks instead of 12 or 24).
+constexpr u32 TILE_BYTES = BANDS * TX * 128;
+constexpr u32 MIN_BLOCKS = 1536 / NT < 233472 / (TILE_BYTES + 1024) ? 1536 / NT : 233472 / (TILE_BYTES + 1024);
 static_assert(TX * E == 32 || TX * E == 64 || TX * E == 128, "tile rows must be 32, 64 or 128 bytes");
 static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
 
@@ -80,14 +84,18 @@ __device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bo
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// Whether the 256-byte block around `gmem`, which lies `off` bytes into a row of `row_bytes`
-// bytes, is all inside the row. At a row end the other half of the block is data no block reads
-// (the next row's padding or a wider buffer's other columns: at 4032 x 576 e4m3 with row stride
-// 1152, a third more DRAM reads) or, for rows not 256-byte aligned, the previous row's end.
-__device__ __forceinline__ bool block_in_row(const elem_t* gmem, u64 off, u64 row_bytes) {
+// Whether every 16-byte load of one 128-byte band (`before` elements of its row before the band,
+// `after` from the band start to the row's end) may take the `.L2::256B` hint: whether the
+// aligned 256-byte block around each of its loads lies inside the row. At a row end the other
+// half of the block is data no block reads (a wider buffer's other columns or padding: at
+// 4032 x 576 e4m3 with row stride 1152, a third more DRAM reads) or the previous row's end. With
+// 256-byte aligned rows (`rows256`) a band is the low or high half of its block; otherwise the
+// block of a load reaches up to 240 bytes before the band and 368 bytes past its start. Counts
+// are clamped to 256 so the byte counts fit 32 bits; the same answer for every row of a tile.
+__device__ __forceinline__ bool band_hint(bool rows256, u32 before, u32 after) {
 #if TK_HINT_IN_ROW
-    const u32 a = (u32)reinterpret_cast<u64>(gmem) & 255;  // offset of gmem in its 256-byte block
-    return a <= off && off - a + 256 <= row_bytes;
+    const u32 head = min(before, 256u) * E, tail = min(after, 256u) * E;
+    return rows256 ? tail + ((before * E) & 255) >= 256 : head >= 256 && tail >= 384;
 #else
     return true;
 #endif
@@ -146,6 +154,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
         elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
+        const bool rows256 = ((reinterpret_cast<u64>(src) | ld * E) & 255) == 0;  // every row 256-byte aligned
         for (u32 by = blockIdx.y; by < nby; by += gridDim.y) {
             // Tile row, and this block's first input row x0 and row count xl (0 for a tail part
             // past the end of a partial last tile; then the block only meets the barriers).
@@ -157,15 +166,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
             // This thread's first vector; the others are NT / 8 rows and whole bands further on.
             const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
 #pragma unroll
-            for (u32 c = 0; c < BANDS; ++c)
+            for (u32 c = 0; c < BANDS; ++c) {
+                const bool wide = band_hint(rows256, y0 + c * BY, Y - y0 - c * BY);  // used only in range
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-                    if (r < xl && u < Y - y0) {
-                        const elem_t* g = p + k * (NT / 8) * ld + c * BY;  // element (x0 + r, y0 + u)
-                        copy16_async(&tile[c][r][lu ^ swz(r)], g, block_in_row(g, (u64)(y0 + u) * E, (u64)Y * E));
-                    }
+                    if (r < xl && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY, wide);
                 }
+            }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
             // Every word a task reads was written in step 1: xl and Y - y0 are multiples of V, so the

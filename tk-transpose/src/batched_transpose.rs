@@ -23,7 +23,9 @@
 //! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
 //! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
 //! from the shape so that small problems still give every SM several blocks); otherwise a
-//! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
+//! 32 × 32 shared-memory tile kernel handles any shape. A single matrix of more tiles than the
+//! device holds at once has about its last resident wave of tiles moved in half-tile blocks, so
+//! the SMs run out of work at nearly the same time. `transpose_into_tiled` and
 //! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
 //! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
 //! [`prewarm`]).
