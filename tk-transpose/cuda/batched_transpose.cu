@@ -90,12 +90,14 @@ __device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bo
 // half of the block is data no block reads (a wider buffer's other columns or padding: at
 // 4032 x 576 e4m3 with row stride 1152, a third more DRAM reads) or the previous row's end. With
 // 256-byte aligned rows (`rows256`) a band is the low or high half of its block; otherwise the
-// block of a load reaches up to 240 bytes before the band and 368 bytes past its start. Counts
-// are clamped to 256 so the byte counts fit 32 bits; the same answer for every row of a tile.
-__device__ __forceinline__ bool band_hint(bool rows256, u32 before, u32 after) {
+// block of a load reaches up to 255 bytes before the band and 368 bytes past its start. Counts
+// are clamped to 512 so the byte counts fit 32 bits; the same answer for every row of a tile.
+// The test applies to padded rows only: with `dense` rows (row stride = Y) the bytes past a row
+// end are the next row's start, which the same tile reads, so every load keeps the hint.
+__device__ __forceinline__ bool band_hint(bool dense, bool rows256, u32 before, u32 after) {
 #if TK_HINT_IN_ROW
-    const u32 head = min(before, 256u) * E, tail = min(after, 256u) * E;
-    return rows256 ? tail + ((before * E) & 255) >= 256 : head >= 256 && tail >= 384;
+    const u32 head = min(before, 512u) * E, tail = min(after, 512u) * E;
+    return dense || (rows256 ? tail + ((before * E) & 255) >= 256 : head >= 256 && tail >= 384);
 #else
     return true;
 #endif
@@ -155,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
         elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
         const bool rows256 = ((reinterpret_cast<u64>(src) | ld * E) & 255) == 0;  // every row 256-byte aligned
+        const bool dense = ld == Y;                                                // rows back to back
         for (u32 by = blockIdx.y; by < nby; by += gridDim.y) {
             // Tile row, and this block's first input row x0 and row count xl (0 for a tail part
             // past the end of a partial last tile; then the block only meets the barriers).
@@ -167,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
             const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
 #pragma unroll
             for (u32 c = 0; c < BANDS; ++c) {
-                const bool wide = band_hint(rows256, y0 + c * BY, Y - y0 - c * BY);  // used only in range
+                const bool wide = band_hint(dense, rows256, y0 + c * BY, Y - y0 - c * BY);  // used only in range
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
