@@ -395,9 +395,9 @@ mod gpu {
         // x's and out's buffers (views are bounds-checked at creation; the kernel reads
         // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only, the staged path's
         // bounds checks relying on its grid x being exactly its tile count along x and on the
-        // tail split's parts dividing the tile height in multiples of 16 bytes of elements,
-        // as tile_config() and tail_split() set them), the staged path is taken only with 16-byte aligned rows, and
-        // both buffers outlive the stream-ordered launch.
+        // tail split's parts dividing the tile height in multiples of 16 bytes of elements, as
+        // tile_config() and tail_split() set them), the staged path is taken only with 16-byte
+        // aligned rows, and both buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
         Ok(())
     }
