@@ -68,8 +68,10 @@ static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
 __device__ __forceinline__ u32 swz(u32 r) { return (r / V) * (8 / LX); }
 
 // Knob (H200 A/B): 1 = the `.L2::256B` prefetch hint only where the whole 256-byte block lies in
-// the row's data (see below); 0 = on every load (before session 6).
-#define TK_HINT_IN_ROW 1
+// the row's data, decided per band (`band_hint`); 2 = the same decided exactly per load
+// (`load_hint`: also keeps the hint on the inner bands of rows that are not 256-byte aligned);
+// 0 = on every load (before session 6).
+#define TK_HINT_IN_ROW 2
 
 // Copies 16 bytes from global to shared memory without passing through registers (cp.async,
 // L1 bypassed); complete for the issuing thread after `cp.async.wait_all`. With `wide`,
@@ -95,12 +97,20 @@ __device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bo
 // The test applies to padded rows only: with `dense` rows (row stride = Y) the bytes past a row
 // end are the next row's start, which the same tile reads, so every load keeps the hint.
 __device__ __forceinline__ bool band_hint(bool dense, bool rows256, u32 before, u32 after) {
-#if TK_HINT_IN_ROW
+#if TK_HINT_IN_ROW == 1
     const u32 head = min(before, 512u) * E, tail = min(after, 512u) * E;
     return dense || (rows256 ? tail + ((before * E) & 255) >= 256 : head >= 256 && tail >= 384);
 #else
     return true;
 #endif
+}
+
+// Knob value 2: whether the 256-byte block around the load at `gmem` (`before` elements of its
+// row before it, `after` from it to the row's end) lies inside the row (padded rows only, as
+// `band_hint`). Counts clamped to 256 elements (>= 256 bytes, more than the offset in a block).
+__device__ __forceinline__ bool load_hint(bool dense, const elem_t* gmem, u32 before, u32 after) {
+    const u32 a = (u32)reinterpret_cast<u64>(gmem) & 255;  // offset of gmem in its 256-byte block
+    return dense || (a <= min(before, 256u) * E && 256 - a <= min(after, 256u) * E);
 }
 
 // One 16-byte global store. Spelled out because NVVM splits a plain uint4 store of values it
@@ -174,7 +184,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-                    if (r < xl && u < Y - y0) copy16_async(&tile[c][r][lu ^ swz(r)], p + k * (NT / 8) * ld + c * BY, wide);
+                    if (r < xl && u < Y - y0) {
+                        const elem_t* g = p + k * (NT / 8) * ld + c * BY;  // element (x0 + r, y0 + u)
+#if TK_HINT_IN_ROW == 2
+                        copy16_async(&tile[c][r][lu ^ swz(r)], g, load_hint(dense, g, y0 + u, Y - y0 - u));
+#else
+                        copy16_async(&tile[c][r][lu ^ swz(r)], g, wide);
+#endif
+                    }
                 }
             }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
