@@ -17,8 +17,9 @@
 //      transposes the V x W elements with byte permutes and writes W 16-byte vectors; a warp
 //      writes 32 / LX output rows x LX * 16 contiguous bytes per instruction.
 // The 16-byte units of each shared row are XOR-swizzled (`swz`) so that the 16-byte writes of
-// step 1 and the 4-byte reads of step 2 are both free of bank conflicts. At most 40 registers:
-// 48 warps per SM resident (6 blocks of 256 threads).
+// step 1 and the 4-byte reads of step 2 are both free of bank conflicts. At most 40 registers
+// where threads limit residency (48 warps per SM, e.g. 6 blocks of 256 threads); more where
+// shared memory limits it first (MIN_BLOCKS).
 // Tail split: the tile rows (along y) from `split` on are each done by P = 2^`tail_log2` blocks
 // of TX / P input rows (the host picks about the last resident wave of tiles), so the SMs run
 // out of work within a fraction of a whole tile's lifetime of each other.
