@@ -275,6 +275,46 @@ fn gpu_transpose_every_tiling() {
     ));
 }
 
+/// The tail split (the last resident wave of tiles of a one-matrix launch moved by blocks of
+/// part of a tile's rows): shapes with more tiles than an H200 or B200 holds at once, a partial
+/// last tile along x that leaves one tail part with fewer rows (X = 8016: 80 rows of 128) or
+/// none at all (X = 7952: 16 rows), and a partial last band; with the 128- and 32-byte tilings
+/// and the picked one; bit-exact against the CPU reference.
+fn tail_split<T: Element>(dev: &Device, dtype: &str) {
+    let e = std::mem::size_of::<T>();
+    for x in [7952, 8016] {
+        let y = 2064;
+        let case = format!("tail-split transpose X={x} Y={y} {dtype}");
+        let buf = par_random_bits::<T>(&[x, y], case_seed(&case));
+        let expected = reference::transpose(&buf.view()).unwrap();
+        let dbuf = dev.upload(&buf).unwrap();
+        for t in [Some(Tiling::new(e, 128)), Some(Tiling::new(e, 32)), None] {
+            let mut out = dev.alloc::<T>(expected.shape()).unwrap();
+            poison(&mut out).unwrap();
+            match t {
+                Some(t) => transpose_into_tiled(&dbuf.view(), &mut out.view_mut(), t).unwrap(),
+                None => transpose_into(&dbuf.view(), &mut out.view_mut()).unwrap(),
+            }
+            let got = out.to_host().unwrap();
+            assert_bits_eq(
+                &format!("{case} {t:?}"),
+                got.as_slice(),
+                expected.as_slice(),
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_transpose_tail_split() {
+    let Some(dev) = gpu_or_skip("gpu_transpose_tail_split") else {
+        return;
+    };
+    tail_split::<F8E4M3>(&dev, "e4m3");
+    tail_split::<bf16>(&dev, "bf16");
+    tail_split::<f32>(&dev, "fp32");
+}
+
 #[test]
 fn gpu_transpose_rejects_bad_input() {
     let Some(dev) = gpu_or_skip("gpu_transpose_rejects_bad_input") else {
