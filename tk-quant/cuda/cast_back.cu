@@ -11,7 +11,6 @@
 //   TK_SF_VEC    1: TK_BK == 1 with fp32 scales of unit column stride and 16-byte aligned scale
 //                rows: the scales of a store are read as float4 (0 otherwise)
 //   TK_J         fragments each lane loads per task, all issued before the first store
-//   TK_PIPE      (in this file) 1: a warp's next task is loaded before the current one is stored
 // e4m3 fragments are one store wide (TK_E4M3_VEC of quant_io.cuh: 4 values for fp32 output, 8
 // for bf16), e2m1 and E5M6 fragments 8 values (4 or 12 bytes).
 //
@@ -165,134 +164,89 @@ __device__ __forceinline__ void store_out(const Params& p, u64 r, u64 c, const f
 #endif
 }
 
-// TK_PIPE 1: each warp issues the loads of its next task before it decodes and stores the
-// current one, so a warp always has a load round in flight while it stores (the kernel is
-// bound by its loads' latency: ncu, e4m3 -> fp32 npc=128, 72 % of the stall cycles wait on
-// them, issue slots 30 % busy); costs one task's fragments and scales in registers. Only for
-// tasks with one set of scales (per-store scale sets doubled the registers: 64 -> 122 for
-// e4m3 128x1 blocks -> bf16).
-#define TK_PIPE 1
-
-constexpr int SC_J = TASK_SCALE || TASK_WORDS ? 1 : TK_J;  // store-scale sets per task (fragments)
-constexpr int SC_H = TASK_SCALE || TASK_WORDS ? 1 : PAIR;  // store-scale sets per fragment
-constexpr bool PIPE = TK_PIPE && SC_J == 1;
-
-// What a warp task reads: row r from column c_task, its fragments and its scales.
-struct Task {
-    u64 r, c_task;            // warp-uniform row and first column
-    Raw raw[TK_J];            // (TK_J, VEC) elements of row r
-    StoreScales sc[SC_J][SC_H];  // the scales of each store (or the task's one scale)
-    u32 sw[NW];               // (NW,) TASK_WORDS: packed UE8M0 words of scale columns c_task / BK .. (4 per word)
-};
-
-// Issues every load of task t (fragments past the row end read as zeros).
-__device__ __forceinline__ void load_task(const Params& p, u64 segs, u64 t, int lane, Task& d) {
-    d.r = t / segs;
-    d.c_task = (t - d.r * segs) * SEG;
-    const u64 r = d.r, c_task = d.c_task;
-    if constexpr (TASK_SCALE) d.sc[0][0] = load_scales(p, r, c_task);
-    if constexpr (TASK_WORDS) {
-        const u64 w0 = c_task / TK_BK / 4;  // first word (c_task / BK is a multiple of 4)
-#pragma unroll
-        for (int i = 0; i < NW; ++i)
-            d.sw[i] = 4 * (w0 + i) * TK_BK < p.k ? __ldg(reinterpret_cast<const u32*>(p.x_sf) + (r / TK_BM) * p.xsf_s0 + (w0 + i) * p.xsf_s1) : 0u;
-    }
-    const void* x = reinterpret_cast<const void*>(p.x);
-#pragma unroll
-    for (int j = 0; j < TK_J; ++j) {
-        const u64 c = c_task + j * STEP + lane * VEC;
-        if (c < p.k) {
-            d.raw[j] = load_frag(x, p.ldx, p.k, r, c);
-        } else {
-#pragma unroll
-            for (int i = 0; i < RAW_WORDS; ++i) d.raw[j].w[i] = 0;
-        }
-#pragma unroll
-        for (int h = 0; h < (TASK_SCALE || TASK_WORDS ? 0 : PAIR); ++h) {
-            const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
-            if (cs < p.k) d.sc[j][h] = load_scales(p, r, cs);
-        }
-    }
-}
-
-// Decodes, scales and stores the loaded task d.
-__device__ __forceinline__ void store_task(const Params& p, int lane, const Task& d) {
-    const u64 r = d.r, c_task = d.c_task;
-    bool fused_task = false;  // FUSED_TASK: every scale of the task has |s| < 4 (UE8M0 byte <= 128)
-    if constexpr (FUSED_TASK) {
-        u32 big = 0;  // bit 7 of a byte: that byte is > 0x80 (bit 7 set and low bits nonzero)
-#pragma unroll
-        for (int i = 0; i < NW; ++i) big |= d.sw[i] & ((d.sw[i] & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
-        fused_task = big == 0;
-    }
-#pragma unroll
-    for (int j = 0; j < TK_J; ++j) {
-#pragma unroll
-        for (int h = 0; h < PAIR; ++h) {
-            Raw src = d.raw[j];
-            if constexpr (PAIR == 2) {
-                src = shfl_raw(d.raw[j], 16 * h + lane / 2);
-                if (lane % 2) src = second_half(src);
-            }
-            const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
-            if (cs >= p.k) continue;
-            StoreScales s = d.sc[SC_J == 1 ? 0 : j][SC_H == 1 ? 0 : h];
-            if constexpr (TASK_WORDS) {
-                const u32 g = (u32)(j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC) / TK_BK;  // scale column - c_task / BK
-                u32 w = d.sw[0];
-#pragma unroll
-                for (int i = 1; i < NW; ++i)
-                    if (g / 4 == (u32)i) w = d.sw[i];
-                s.s[0] = __uint_as_float(((w >> (8 * (g % 4))) & 0xFFu) << 23);  // in_scale's UE8M0 decode
-            }
-            float v[OUT_VEC];  // (OUT_VEC,) dequantized values of row r from column cs
-            if (E2M1_FUSED && (FUSED_TASK ? fused_task : fabsf(s.s[0]) < 4.0f)) {
-                // s * 2^126 is exact and finite, so the one rounding of
-                // (value * 2^-126) * (s * 2^126) is that of value * s.
-                const float s126 = __fmul_rn(s.s[0], 0x1p126f);
-#pragma unroll
-                for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(tkq::e2m1_value_m126(src.w[0], q), s126);
-                store_out(p, r, cs, v);
-                continue;
-            }
-#if TK_IN == 2
-            // e4m3: two codes per conversion (tkq::e4m3x2_value; H200: within 0.5 % of the
-            // one-code form, both ways).
-#pragma unroll
-            for (int q = 0; q < OUT_VEC; q += 2) {
-                const float2 f = tkq::e4m3x2_value(src.w[q / 4], q % 4);  // (2,) decoded values q, q + 1
-                v[q] = __fmul_rn(f.x, s.s[SCALES_PER_STORE == 1 ? 0 : q]);
-                v[q + 1] = __fmul_rn(f.y, s.s[SCALES_PER_STORE == 1 ? 0 : q + 1]);
-            }
-#else
-#pragma unroll
-            for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(decode_value(src, q), s.s[SCALES_PER_STORE == 1 ? 0 : q]);
-#endif
-            store_out(p, r, cs, v);
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(256) tk_cast_back(const Params p) {
     const int lane = threadIdx.x % 32;
     const u64 segs = (p.k + SEG - 1) / SEG, tasks = p.m * segs;
-    const u64 stride = (u64)gridDim.x * WARPS;  // tasks between a warp's consecutive tasks
-    const u64 first = (u64)blockIdx.x * WARPS + threadIdx.x / 32;
-    if constexpr (PIPE) {
-        if (first >= tasks) return;
-        Task cur;
-        load_task(p, segs, first, lane, cur);
-        for (u64 t = first; t < tasks; t += stride) {
-            Task nxt;  // the next task's loads go out before this task's stores
-            if (t + stride < tasks) load_task(p, segs, t + stride, lane, nxt);
-            store_task(p, lane, cur);
-            cur = nxt;
+    const void* x = reinterpret_cast<const void*>(p.x);
+    for (u64 t = (u64)blockIdx.x * WARPS + threadIdx.x / 32; t < tasks; t += (u64)gridDim.x * WARPS) {
+        const u64 r = t / segs, c_task = (t - r * segs) * SEG;  // warp-uniform row and first column
+        Raw raw[TK_J];                                           // (TK_J, VEC) elements of row r
+        StoreScales sc[TASK_SCALE || TASK_WORDS ? 1 : TK_J][TASK_SCALE || TASK_WORDS ? 1 : PAIR];  // the scales of each store
+        if constexpr (TASK_SCALE) sc[0][0] = load_scales(p, r, c_task);
+        u32 sw[NW];  // (NW,) TASK_WORDS: packed UE8M0 words of scale columns c_task / BK .. (4 per word)
+        if constexpr (TASK_WORDS) {
+            const u64 w0 = c_task / TK_BK / 4;  // first word (c_task / BK is a multiple of 4)
+#pragma unroll
+            for (int i = 0; i < NW; ++i)
+                sw[i] = 4 * (w0 + i) * TK_BK < p.k ? __ldg(reinterpret_cast<const u32*>(p.x_sf) + (r / TK_BM) * p.xsf_s0 + (w0 + i) * p.xsf_s1) : 0u;
         }
-    } else {
-        for (u64 t = first; t < tasks; t += stride) {
-            Task d;
-            load_task(p, segs, t, lane, d);
-            store_task(p, lane, d);
+        bool fused_task = false;  // FUSED_TASK: every scale of the task has |s| < 4 (UE8M0 byte <= 128)
+        if constexpr (FUSED_TASK) {
+            u32 big = 0;  // bit 7 of a byte: that byte is > 0x80 (bit 7 set and low bits nonzero)
+#pragma unroll
+            for (int i = 0; i < NW; ++i) big |= sw[i] & ((sw[i] & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
+            fused_task = big == 0;
+        }
+#pragma unroll
+        for (int j = 0; j < TK_J; ++j) {
+            const u64 c = c_task + j * STEP + lane * VEC;
+            if (c < p.k) {
+                raw[j] = load_frag(x, p.ldx, p.k, r, c);
+            } else {
+#pragma unroll
+                for (int i = 0; i < RAW_WORDS; ++i) raw[j].w[i] = 0;
+            }
+#pragma unroll
+            for (int h = 0; h < (TASK_SCALE || TASK_WORDS ? 0 : PAIR); ++h) {
+                const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
+                if (cs < p.k) sc[j][h] = load_scales(p, r, cs);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < TK_J; ++j) {
+#pragma unroll
+            for (int h = 0; h < PAIR; ++h) {
+                Raw src = raw[j];
+                if constexpr (PAIR == 2) {
+                    src = shfl_raw(raw[j], 16 * h + lane / 2);
+                    if (lane % 2) src = second_half(src);
+                }
+                const u64 cs = c_task + j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC;
+                if (cs >= p.k) continue;
+                StoreScales s = sc[TASK_SCALE || TASK_WORDS ? 0 : j][TASK_SCALE || TASK_WORDS ? 0 : h];
+                if constexpr (TASK_WORDS) {
+                    const u32 g = (u32)(j * STEP + h * 32 * OUT_VEC + lane * OUT_VEC) / TK_BK;  // scale column - c_task / BK
+                    u32 w = sw[0];
+#pragma unroll
+                    for (int i = 1; i < NW; ++i)
+                        if (g / 4 == (u32)i) w = sw[i];
+                    s.s[0] = __uint_as_float(((w >> (8 * (g % 4))) & 0xFFu) << 23);  // in_scale's UE8M0 decode
+                }
+                float v[OUT_VEC];  // (OUT_VEC,) dequantized values of row r from column cs
+                if (E2M1_FUSED && (FUSED_TASK ? fused_task : fabsf(s.s[0]) < 4.0f)) {
+                    // s * 2^126 is exact and finite, so the one rounding of
+                    // (value * 2^-126) * (s * 2^126) is that of value * s.
+                    const float s126 = __fmul_rn(s.s[0], 0x1p126f);
+#pragma unroll
+                    for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(tkq::e2m1_value_m126(src.w[0], q), s126);
+                    store_out(p, r, cs, v);
+                    continue;
+                }
+#if TK_IN == 2
+                // e4m3: two codes per conversion (tkq::e4m3x2_value; H200: within 0.5 % of the
+                // one-code form, both ways).
+#pragma unroll
+                for (int q = 0; q < OUT_VEC; q += 2) {
+                    const float2 f = tkq::e4m3x2_value(src.w[q / 4], q % 4);  // (2,) decoded values q, q + 1
+                    v[q] = __fmul_rn(f.x, s.s[SCALES_PER_STORE == 1 ? 0 : q]);
+                    v[q + 1] = __fmul_rn(f.y, s.s[SCALES_PER_STORE == 1 ? 0 : q + 1]);
+                }
+#else
+#pragma unroll
+                for (int q = 0; q < OUT_VEC; ++q) v[q] = __fmul_rn(decode_value(src, q), s.s[SCALES_PER_STORE == 1 ? 0 : q]);
+#endif
+                store_out(p, r, cs, v);
+            }
         }
     }
 }
