@@ -303,8 +303,9 @@ constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes 
 #ifndef TK_WB
 #error "TK_WB (warp blocks) must be defined for the tiled path"
 #endif
-// TK_WB (warp blocks; the host's WARP_BLOCKS_E2M1 / _E4M3 knobs): a warp holds whole (BM, BK) blocks, LX = BK/VEC
-// lanes along K times LY row groups of RPT = BM/LY rows, and the CTA's 8 warps sit side by side
+// TK_WB (warp blocks; the host sets it for per-block e2m1 casts whose blocks fit a warp): a warp
+// holds whole (BM, BK) blocks, LX = BK/VEC lanes along K times LY row groups of RPT = BM/LY
+// rows, and the CTA's 8 warps sit side by side
 // along K (a tile is BM rows x 8 blocks). The block maximum is then a 5-level shuffle butterfly
 // inside the warp and every lane computes the scale itself: no shared memory, no barrier, no
 // serial one-thread-per-block-column step (TK_WB 0: the warps stack along M and meet in `red`
@@ -421,31 +422,10 @@ __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx
 }
 #endif
 
-// PB_ONE_BARRIER (knob; 0: the previous form): taller blocks of the shared-memory tile (TK_WB 0,
-// BK > 1: one block column per LK lanes, e.g. 128x128) meet behind one __syncthreads instead of
-// two. Before, 8..16 threads folded the 8 warps' maxima, computed and stored the scales and
-// published the inverse scales through `scl` while the other 240 threads waited at a second
-// barrier (a serial LDS -> FMNMX chain -> scale -> STS -> barrier -> LDS on every tile's critical
-// path); now every thread folds its column's maxima and computes the scale itself (power-of-two
-// scales: a few integer instructions). The partial maxima alternate between two buffers by tile
-// parity: a tile's writes to red[rp] come after the previous tile's barrier, which every thread
-// passes only after its reads of the tile before (which used the other buffer), so no barrier is
-// needed after the reads. Per-channel tiles (BK 1: 8 columns and 8 scales per thread) keep two.
-#define PB_ONE_BARRIER 1
-
-// PB_OUT_ROWPTR (knob; 0: the previous form): the per-block and per-channel tiles (BM > 1) step
-// one output row offset by the row's bytes instead of forming r * rowbytes + column from
-// scratch for each of their 4..16 rows: the SASS of bf16 -> e2m1 128x128 spent ~8 issued
-// instructions per row on it (constant-bank reload of the base, shift, IMAD.WIDE.U32, 64-bit
-// add, zeroed high halves) beside ~48 for the packed encode and store of 8 values.
-#define PB_OUT_ROWPTR 1
-constexpr bool ONE_BAR = PB_ONE_BARRIER && TK_BM > 1 && TK_BK > 1 && !WB;
-
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
 #if !TK_WB
-    __shared__ float red[ONE_BAR ? 2 : 1][TK_BM > 1 ? WARPS : 1][LX * NB];  // (tile parity, warps, lanes along K * block columns) partial amax
-    __shared__ float scl[TK_BM > 1 && !ONE_BAR ? LX * NB : 1];             // (lanes along K * block columns) inverse scales
-    u32 rp = 0;  // the red buffer of this tile (ONE_BAR: alternates by tile)
+    __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
+    __shared__ float scl[TK_BM > 1 ? LX * NB : 1];         // (lanes along K * block columns) inverse scales
 #endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u32 kl = WB ? warp * LX + lx : lx;  // this thread's lane column in the tile (along K)
@@ -628,23 +608,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #else
                 if (ly == 0) {
 #pragma unroll
-                    for (int b = 0; b < NB; ++b) red[rp][TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
+                    for (int b = 0; b < NB; ++b) red[TK_BM > 1 ? warp : 0][lx * NB + b] = am[0][b];
                 }
                 __syncthreads();
-#if PB_ONE_BARRIER && TK_BK > 1 && TK_BM > 1
-                {
-                    // ONE_BAR: every thread folds its block column's 8 partial maxima (same-row
-                    // reads of distinct words or broadcasts: no bank conflicts) and computes the
-                    // scale itself; the thread of warp 0 at the block's first lane stores it.
-                    float a = 0.0f;
-#pragma unroll
-                    for (int w = 0; w < WARPS; ++w) a = fmaxf(a, red[rp][w][lx]);
-                    compute_scale(a, sf[0][0], inv[0][0]);
-                    const ix kb = c0 / TK_BK;
-                    if (warp == 0 && ly == 0 && lx % LK == 0 && col_ok && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, sf[0][0]);
-                    rp ^= 1u;
-                }
-#else
                 // One thread per block column of the tile (LX * NB <= 256) folds the warps'
                 // maxima, computes the scale once (not once per row group of every warp: 8 * LY
                 // times; per-channel tiles: 8 divisions per thread -> at most 1) and stores it;
@@ -654,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     const u32 t = threadIdx.x, tlx = t / NB, tb = t % NB;  // block column t: lane tlx, column tb
                     float a = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[0][w][t]);
+                    for (int w = 0; w < (TK_BM > 1 ? WARPS : 1); ++w) a = fmaxf(a, red[w][t]);
                     float s, iv;
                     compute_scale(a, s, iv);
                     scl[t] = iv;
@@ -665,7 +631,6 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 __syncthreads();
 #pragma unroll
                 for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
-#endif
 #endif
             } else {
 #pragma unroll
@@ -684,17 +649,15 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             }
 #endif
 #if TK_MODE != 1
-#if PB_OUT_ROWPTR
-            u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0, stepped per row
-#endif
+            // One output offset stepped by the row's bytes, not r * rowbytes + column formed from
+            // scratch for each of the 4..16 rows (SASS of bf16 -> e2m1 128x128: ~8 issued
+            // instructions per row for that, beside ~48 for the packed encode and store of 8
+            // values).
+            u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
-#if PB_OUT_ROWPTR
                 const u64 out = orow;
                 orow += out_row_bytes(p);
-#else
-                const u64 out = out_at(p, r0 + i, c0);
-#endif
                 if (!col_ok || r0 + i >= PM) continue;
                 float iv[VEC];  // (VEC,) inverse scales of the fragment's columns
 #pragma unroll

@@ -191,18 +191,14 @@ impl CastKernel {
         }
     }
 
-    /// `self` with `TK_WB` (whole blocks per warp) where the knobs allow it and the block fits a
-    /// warp: plain input, cast to e2m1 ([`WARP_BLOCKS_E2M1`]) or e4m3 ([`WARP_BLOCKS_E4M3`]),
-    /// `bm > 1`, `bk = lanes · vec` with a power-of-two number of lanes, and `bm` a multiple of
-    /// the `32 / lanes` row groups with at most [`WARP_BLOCK_MAX_RPT`] rows per thread.
+    /// `self` with `TK_WB` (whole blocks per warp) where the block fits a warp: plain input
+    /// cast to e2m1 ([`WARP_BLOCK_MAX_RPT`] says why e2m1 and not e4m3), `bm > 1`,
+    /// `bk = lanes · vec` with a power-of-two number of lanes, and `bm` a multiple of the
+    /// `32 / lanes` row groups with at most [`WARP_BLOCK_MAX_RPT`] rows per thread.
     fn with_warp_blocks(self) -> Self {
         let (bm, bk) = self.block;
         let vec = self.vec();
-        let knob = match self.target {
-            Target::Fp(CastFormat::E2M1) => WARP_BLOCKS_E2M1,
-            Target::Fp(CastFormat::E4M3) => WARP_BLOCKS_E4M3,
-            Target::E5M6 => false,
-        };
+        let e2m1 = self.target == Target::Fp(CastFormat::E2M1);
         let plain = matches!(self.input, InputKind::F32 | InputKind::BF16);
         let lanes = bk / vec;
         let fits = bm > 1
@@ -213,37 +209,35 @@ impl CastKernel {
             && bm % (32 / lanes) == 0
             && bm / (32 / lanes) <= WARP_BLOCK_MAX_RPT;
         CastKernel {
-            warp_blocks: knob && plain && self.whole_row.is_none() && fits,
+            warp_blocks: e2m1 && plain && self.whole_row.is_none() && fits,
             ..self
         }
     }
 }
 
-/// `TK_WB` for per-block casts to e2m1 (A/B knob; false: the previous tiles). A warp holds whole
-/// `(bm, bk)` blocks (`bk / vec` lanes along K, `bm / (32 / lanes)` rows per thread) and the
-/// CTA's 8 warps sit side by side along K, so the block maximum is a shuffle butterfly inside
-/// the warp and each lane computes the scale: no shared memory and no `__syncthreads`. The old
-/// tile (8 warps stacked along M, 32x32 bf16: 4 rows per thread) met in shared memory behind two
-/// barriers with 8 threads computing the scales while the CTA waited, and the e2m1 encode (ALU
-/// bound, ncu: ALU pipe 70 %, 36 % of cycles with no eligible warp) of all 8 warps then ran in
-/// the same phase. Per-block bf16 -> e2m1 32x32 was at 66 % of the copy ceiling against 83 %
-/// for the per-token cast with the same encoder.
-const WARP_BLOCKS_E2M1: bool = true;
-
-/// `TK_WB` for per-block casts to e4m3 (A/B knob; those casts were at 87-91 % with the old tile).
-const WARP_BLOCKS_E4M3: bool = false;
-
-/// The most rows per thread a warp-block tile may take (A/B knob: 8 admits fp32 32x32, 8 rows
-/// of 4 words; 4 keeps fp32 on the old tile and takes bf16 32x32, 4 rows of 4 words, only).
+/// The most rows per thread a warp-block tile (`TK_WB`) may take: 8 admits fp32 32x32 (8 rows
+/// of 4 words) and bf16 32x32 (4 rows of 4 words) and keeps 128x128 on the shared-memory tile.
+///
+/// A warp holds whole `(bm, bk)` blocks (`bk / vec` lanes along K, `bm / (32 / lanes)` rows per
+/// thread) and the CTA's 8 warps sit side by side along K, so the block maximum is a shuffle
+/// butterfly inside the warp and each lane computes the scale: no shared memory and no
+/// `__syncthreads`. The shared-memory tile (8 warps stacked along M) meets behind two barriers
+/// with 8 threads computing the scales while the CTA waits, and the e2m1 encode (ALU bound, ncu:
+/// ALU pipe 70 %, 36 % of cycles with no eligible warp) of all 8 warps then runs in the same
+/// phase. H200 A/B (8001x7168, meas20): the shared-memory tile instead is 3.2 % slower for bf16
+/// -> e2m1 32x32 and 9.5 % for fp32 -> e2m1 32x32; a limit of 4 rows (fp32 32x32 on the
+/// shared-memory tile) 9.4 % slower for fp32. e4m3 casts keep the shared-memory tile: warp
+/// blocks were 5.5 % slower for bf16 -> e4m3 32x32 (13 % at 4001x2048) and only 2 % faster for
+/// fp32 -> e4m3 32x32.
 const WARP_BLOCK_MAX_RPT: usize = 8;
 
 /// `TK_MINB` of per-block tiles of bf16 input to e2m1 with power-of-two scales holding 17..32
-/// raw words per thread (128x128: 8 rows of 4 words); A/B knob, 3 is the previous value (at
-/// most 80 registers; sm_90a: 72 used). 4 caps them at 64 registers (ptxas sm_90a: 63, no
-/// spills), 32 resident warps per SM instead of 24: the e2m1 encode is ALU-bound and the CTAs
-/// alternate between load waits and encode bursts, so more resident CTAs give the scheduler
-/// more warps to overlap the bursts with (same bytes in flight per warp). fp32 32x32 warp
-/// blocks (8 rows of 4 words) spill 8 bytes at 64 registers and keep 3.
+/// raw words per thread (128x128: 8 rows of 4 words): 4 caps them at 64 registers (ptxas
+/// sm_90a: 64, no spills), 32 resident warps per SM instead of 24 at 3 (at most 80 registers):
+/// the e2m1 encode is ALU-bound and the CTAs alternate between load waits and encode bursts, so
+/// more resident CTAs give the scheduler more warps to overlap the bursts with (same bytes in
+/// flight per warp). H200 A/B (8001x7168, meas20): 3 is 6.2 % slower for bf16 -> e2m1 128x128.
+/// fp32 32x32 warp blocks (8 rows of 4 words) spill 8 bytes at 64 registers and keep 3.
 const PB_E2M1_MIN_BLOCKS: usize = 4;
 
 /// Whether the call's `M`, `K`, input row stride and scale grid (with its padded rows) all lie
@@ -904,14 +898,14 @@ mod tests {
                     warp_blocks: false,
                 }
                 .with_warp_blocks();
-                let knob = match fmt {
-                    CastFormat::E2M1 => WARP_BLOCKS_E2M1,
-                    CastFormat::E4M3 => WARP_BLOCKS_E4M3,
-                };
                 // 32x32: 32 / vec lanes along K, 32 / lanes row groups, rows per thread.
                 let lanes = 32 / vec;
                 let rpt_ok = 32 / (32 / lanes) <= WARP_BLOCK_MAX_RPT;
-                assert_eq!(kernel.warp_blocks, knob && rpt_ok, "{input:?} {fmt:?}");
+                assert_eq!(
+                    kernel.warp_blocks,
+                    fmt == CastFormat::E2M1 && rpt_ok,
+                    "{input:?} {fmt:?}"
+                );
                 if !kernel.warp_blocks {
                     continue;
                 }
