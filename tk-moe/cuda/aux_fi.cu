@@ -1,7 +1,7 @@
 // aux_fi (spec/moe.md 4.6): f[e] = fp32(c_e * E) / fp32(T * num_aux_topk), c_e the exact count
 // of entries equal to e (illegal entries skipped); all zeros when T == 0.
 //
-// Defines: TK_E (experts), TK_COUNT_BIN_STRIDE (u64 words between the bins' arrival words).
+// Defines: TK_E (experts).
 // One launch over the whole GPU (moe.cuh grid_histogram: exact integer counts in the per-stream
 // workspace, no memset), then the formula once per expert, on its exact total (in the last CTA
 // to reach the bin for E <= 256, else in the last CTA): one u64 -> fp32
@@ -12,9 +12,6 @@
 #ifndef TK_E
 #error "TK_E must be defined"
 #endif
-#ifndef TK_COUNT_BIN_STRIDE
-#error "TK_COUNT_BIN_STRIDE must be defined"
-#endif
 
 using namespace tkm;
 
@@ -23,7 +20,7 @@ using namespace tkm;
 extern "C" __global__ void __launch_bounds__(COUNT_THREADS)
     tk_aux_fi(float* __restrict__ f, u32* __restrict__ ws, const i64* __restrict__ idx, u64 ld, u64 T, u32 K,
               u32 flat, float den) {
-    grid_histogram<TK_E, TK_COUNT_BIN_STRIDE>(ws, idx, ld, K, T * K, flat != 0, [&](u32 e, u32 c) {
+    grid_histogram<TK_E>(ws, idx, ld, K, T * K, flat != 0, [&](u32 e, u32 c) {
         f[e] = T == 0 ? 0.0f : __fdiv_rn(__ull2float_rn((u64)c * (u64)TK_E), den);
     });
 }

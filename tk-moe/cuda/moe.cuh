@@ -156,25 +156,13 @@ __device__ __forceinline__ void fold_copies(u32* sums, const u32* hist, u32 bins
     }
 }
 
-// Knob (A/B): 1 = the per-bin arrival finish of grid_histogram for E <= ARRIVAL_BINS (below);
-// 0 = every E finishes with the last-CTA ticket (the previous kernel).
-#define TK_COUNT_BIN_ARRIVAL 1
-// Diagnostic knob (A/B only, WRONG output when 1): every CTA ends right after counting its
-// entries into shared memory, so the bench shows the time of the loads + histogram alone.
-#define TK_COUNT_DIAG_EXIT 0
-// Knob (A/B): 1 = grid_histogram issues its first round of loads before zeroing the shared
-// histogram (count_pairs_init); 0 = zero, barrier, then load (before).
-#define TK_COUNT_LOADS_FIRST 1
-
 // Bins up to which grid_histogram finishes per bin (one returning atomic per bin and CTA,
 // every bin by its own thread): as many as a CTA has threads.
 constexpr u32 ARRIVAL_BINS = COUNT_THREADS;
 
 // Per-bin arrival finish (E <= ARRIVAL_BINS): the workspace holds, for each bin e, one 64-bit word
-// (arrivals << 32) | count at u64 index e * STRIDE, zero between kernels (STRIDE: the kernels'
-// TK_COUNT_BIN_STRIDE, set by the host, which sizes the workspace to 2 * STRIDE * E words; 16 =
-// one 128-byte line per bin, so the bins' atomics spread over L2 slices instead of queueing at
-// one). EVERY CTA adds (1 << 32) | c (its count c, zero included) to every bin with one returning
+// (arrivals << 32) | count at u64 index e (packed: 16 bins per 128-byte line; the host sizes the
+// workspace to 2 * E u32 words), zero between kernels. EVERY CTA adds (1 << 32) | c (its count c, zero included) to every bin with one returning
 // atomic; the CTA whose atomic returns gridDim.x - 1 arrivals is the last to touch that bin in
 // this launch (atomics on one word are totally ordered and each CTA adds once), so the returned
 // count plus its own is the bin's exact total: it puts it and stores 0 back to the word (same
@@ -182,9 +170,9 @@ constexpr u32 ARRIVAL_BINS = COUNT_THREADS;
 // round: the critical path after the counts is one L2 atomic round (the ticket finish is a fenced
 // RED round, the ticket round, then the exchange round). Totals < 2^31 (host: T*K <= i32::MAX), so
 // the count never carries into the arrivals; gridDim.x < 2^32.
-template <u32 STRIDE, class Put>
+template <class Put>
 __device__ __forceinline__ void finish_by_arrival(u64* ws, u32 e, u32 c, Put put) {
-    unsigned long long* const w = reinterpret_cast<unsigned long long*>(ws) + (u64)e * STRIDE;
+    unsigned long long* const w = reinterpret_cast<unsigned long long*>(ws) + e;
     const u64 old = atomicAdd(w, (1ull << 32) | c);
     if ((u32)(old >> 32) != gridDim.x - 1) return;
     put(e, (u32)old + c);
@@ -194,16 +182,16 @@ __device__ __forceinline__ void finish_by_arrival(u64* ws, u32 e, u32 c, Put put
 // The exact count c_e of the entries equal to e of idx (T, K) row stride ld (N = T*K entries),
 // for every e in [0, E): calls put(e, c_e) once per bin, from one thread (of the last CTA to
 // finish, or, per-bin arrival, of the last CTA to reach that bin). ws: the zeroed workspace
-// (1 + E words, or 2 * STRIDE * E words with the per-bin arrival; left zeroed).
+// (1 + E words, or 2 * E words with the per-bin arrival; left zeroed).
 // E <= COUNT_BINS: each CTA counts into a shared histogram (32 lane copies per bin for
 // E <= REPL_BINS, folded after counting); E <= ARRIVAL_BINS finishes per bin
 // (finish_by_arrival), larger E adds its non-zero bins to ws and finishes in the last CTA;
 // larger E than COUNT_BINS: every entry is one global atomic on ws.
-template <u32 E, u32 STRIDE, class Put>
+template <u32 E, class Put>
 __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
                                                Put put) {
     constexpr bool SHARED = E <= COUNT_BINS;
-    constexpr bool ARRIVAL = TK_COUNT_BIN_ARRIVAL && E <= ARRIVAL_BINS;
+    constexpr bool ARRIVAL = E <= ARRIVAL_BINS;
     constexpr u32 W = SHARED ? E : 1;
     constexpr u32 REPL = E <= REPL_BINS ? 32 : 1;
     __shared__ u32 hist[W * REPL];            // (W, REPL) this CTA's counts (SHARED)
@@ -215,14 +203,8 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
             for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
             __syncthreads();
         };
-        if (TK_COUNT_LOADS_FIRST) {
-            count_pairs_init<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng, zero);
-        } else {
-            zero();
-            count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng);
-        }
+        count_pairs_init<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng, zero);
         __syncthreads();
-        if (TK_COUNT_DIAG_EXIT) return;
         if (REPL > 1) {
             fold_copies<REPL>(tot, hist, W);
             __syncthreads();
@@ -232,7 +214,7 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
             static_assert(!ARRIVAL || REPL > 1, "the arrival finish reads the folded counts");
             // One bin per thread (E <= COUNT_THREADS); reads the thread's own fold (e = thread).
             if (threadIdx.x < E)
-                finish_by_arrival<STRIDE>(reinterpret_cast<u64*>(ws), threadIdx.x, sums[threadIdx.x], put);
+                finish_by_arrival(reinterpret_cast<u64*>(ws), threadIdx.x, sums[threadIdx.x], put);
             return;
         }
         for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS)

@@ -106,7 +106,7 @@ mod gpu {
     use super::AuxFiParams;
     use crate::checks::check_flat_fits_i32;
     use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
-    use crate::group_count::count::{check_bins, count_spec, launch_config, workspace};
+    use crate::group_count::count::{check_bins, launch_config, workspace};
 
     static SOURCE: KernelSource = KernelSource {
         file: "aux_fi.cu",
@@ -118,7 +118,7 @@ mod gpu {
 
     /// The kernel for `num_experts` experts.
     pub fn kernel_spec(num_experts: usize) -> KernelSpec {
-        count_spec(&SOURCE, "TK_E", num_experts)
+        KernelSpec::new(&SOURCE).define("TK_E", num_experts)
     }
 
     /// Representative specialisations (the moe12 local expert counts), for compile checks and

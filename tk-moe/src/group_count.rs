@@ -53,7 +53,7 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 pub(crate) mod count {
     use cudarc::driver::LaunchConfig;
-    use tk_core::{Device, KernelSource, KernelSpec, Result, TkError};
+    use tk_core::{Device, Result, TkError};
 
     use crate::gpu::{blocks, config};
     use crate::workspace::zeroed_words;
@@ -67,17 +67,6 @@ pub(crate) mod count {
     /// Bins up to which the kernels finish per bin (`moe.cuh` `ARRIVAL_BINS`): one 64-bit
     /// arrival word per bin in the workspace.
     const ARRIVAL_BINS: usize = COUNT_THREADS as usize;
-    /// Knob (A/B): 64-bit words between two bins' arrival words (the kernels'
-    /// `TK_COUNT_BIN_STRIDE`): 16 puts each bin on its own 128-byte line (its atomics on their
-    /// own L2 slice where the hash spreads them), 1 packs them (two lines at 32 bins).
-    const COUNT_BIN_STRIDE: usize = 16;
-
-    /// The kernel of a counting op: `source` with `name` = `bins` and the arrival stride.
-    pub(crate) fn count_spec(source: &'static KernelSource, name: &str, bins: usize) -> KernelSpec {
-        KernelSpec::new(source)
-            .define(name, bins)
-            .define("TK_COUNT_BIN_STRIDE", COUNT_BIN_STRIDE)
-    }
 
     /// The launch of a counting kernel over `entries` index entries: one CTA per
     /// `2·COUNT_PAIRS·COUNT_THREADS` entries (every load in flight at once), at most
@@ -88,12 +77,11 @@ pub(crate) mod count {
         config(blocks(entries, per_cta).min(most), COUNT_THREADS)
     }
 
-    /// The u32 words of the workspace of a counting kernel with `bins` bins: `bins` 64-bit
-    /// arrival words `COUNT_BIN_STRIDE` apart up to `ARRIVAL_BINS` bins, else a ticket and `bins`
-    /// counters.
+    /// The u32 words of the workspace of a counting kernel with `bins` bins: `bins` packed
+    /// 64-bit arrival words up to `ARRIVAL_BINS` bins, else a ticket and `bins` counters.
     fn workspace_words(bins: usize) -> usize {
         if bins <= ARRIVAL_BINS {
-            (2 * COUNT_BIN_STRIDE * bins).max(1 + bins)
+            2 * bins
         } else {
             1 + bins
         }
@@ -166,10 +154,10 @@ pub(crate) mod count {
 ///
 /// GPU limit beyond [`GroupCountParams::validate`]: `G <= i32::MAX` ([`TkError::Param`] naming
 /// `num_groups`). The stream's workspace holds `G + 1` counters (4 bytes each), or for
-/// `G <= 256` one 64-bit word per bin 128 bytes apart, rounded up to a power of two, at least
-/// 32 KiB, kept for later calls on that stream; it is allocated (and zero-filled) by the first
-/// call on the stream that needs it, which therefore must not be inside a CUDA graph capture
-/// ([`crate::prewarm`] prepares 8191 bins).
+/// `G <= 256` one packed 64-bit word per bin, rounded up to a power of two, at least 16 KiB,
+/// kept for later calls on that stream; it is allocated (and zero-filled) by the first call on
+/// the stream that needs it, which therefore must not be inside a CUDA graph capture
+/// ([`crate::prewarm`] prepares 4095 bins).
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod gpu {
@@ -177,7 +165,7 @@ mod gpu {
     use tk_core::error::DriverContext;
     use tk_core::{DeviceTensor, DeviceView, DeviceViewMut, KernelSource, KernelSpec, Result};
 
-    use super::count::{check_bins, count_spec, launch_config, workspace};
+    use super::count::{check_bins, launch_config, workspace};
     use super::GroupCountParams;
     use crate::gpu::{check_device, check_out, flat_entries, row_stride, HEADERS};
 
@@ -191,7 +179,7 @@ mod gpu {
 
     /// The kernel for `num_groups` bins.
     pub fn kernel_spec(num_groups: usize) -> KernelSpec {
-        count_spec(&SOURCE, "TK_G", num_groups)
+        KernelSpec::new(&SOURCE).define("TK_G", num_groups)
     }
 
     /// Representative specialisations (the moe12 local expert counts), for compile checks and

@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use tk_core::{Device, DeviceTensor, Result};
 
-/// The smallest workspace (words): a ticket and the counters of up to 8191 bins, or the
-/// 64-bit arrival words, 128 bytes apart, of up to 256 bins (`group_count::count`).
-pub(crate) const MIN_WORDS: usize = 8192;
+/// The smallest workspace (words): a ticket and the counters of up to 4095 bins, or the
+/// packed 64-bit arrival words of up to 256 bins (`group_count::count`).
+pub(crate) const MIN_WORDS: usize = 4096;
 
 /// One stream's workspace.
 struct Workspace {

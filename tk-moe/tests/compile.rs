@@ -30,13 +30,12 @@ fn off_grid_specs() -> Vec<KernelSpec> {
             v.extend(tk_moe::get_fused_mapping::kernel_specs(k, e));
             v.extend(tk_moe::get_fused_mapping::one_launch_spec(k, e));
         }
-        v.push(tk_moe::normalize_weight::kernel_spec(k, true));
-        v.push(tk_moe::normalize_weight::kernel_spec(k, false));
+        v.push(tk_moe::normalize_weight::kernel_spec(k));
         v.push(tk_moe::inplace_unique_group_indices::kernel_spec(k, 1));
         v.push(tk_moe::mask_indices_by_tp::kernel_spec(DType::I32, k));
     }
-    v.push(tk_moe::normalize_weight::kernel_spec(0, true));
-    v.push(tk_moe::normalize_weight::kernel_spec(16, true));
+    v.push(tk_moe::normalize_weight::kernel_spec(0));
+    v.push(tk_moe::normalize_weight::kernel_spec(16));
     v.push(tk_moe::group_count::kernel_spec(1));
     v.push(tk_moe::aux_fi::kernel_spec(8193));
     v

@@ -880,10 +880,10 @@ fn gpu_normalize_weight_grid() {
     });
 }
 
-/// `normalize_weight` off the grid: both kernels (lanes per token on 16-byte aligned rows with
-/// `K % 8 == 0`, one thread per token otherwise): K = 16 (two vectors per lane), K = 8 and 4
-/// with padded rows (row stride K + 1: one thread per token, scalar accesses), token counts
-/// that end inside a warp; fresh weights, poisoned outputs, bit-exact.
+/// `normalize_weight` off the grid: both access paths (16-byte vectors on aligned rows, scalar
+/// otherwise): K = 16 and 8 aligned (four and two vectors per row), K = 8 and 4 with padded
+/// rows (row stride K + 1: scalar accesses), token counts that end inside a warp; fresh
+/// weights, poisoned outputs, bit-exact.
 #[test]
 fn gpu_normalize_weight_off_grid() {
     let Some(dev) = gpu_or_skip("gpu_normalize_weight_off_grid") else {
