@@ -20,9 +20,6 @@
 // step 1 and the 4-byte reads of step 2 are both free of bank conflicts. At most 40 registers
 // where threads limit residency (48 warps per SM, e.g. 6 blocks of 256 threads); more where
 // shared memory limits it first (MIN_BLOCKS).
-// Tail split: the tile rows (along y) from `split` on are each done by P = 2^`tail_log2` blocks
-// of TX / P input rows (the host picks about the last resident wave of tiles), so the SMs run
-// out of work within a fraction of a whole tile's lifetime of each other.
 #include "tk/common.cuh"
 
 #ifndef TK_ELEM_BYTES
@@ -68,12 +65,6 @@ static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
 // units of a row with 8 consecutive lanes: a permutation of the 8 units, also conflict-free.
 __device__ __forceinline__ u32 swz(u32 r) { return (r / V) * (8 / LX); }
 
-// Knob (H200 A/B): 1 = the `.L2::256B` prefetch hint only where the whole 256-byte block lies in
-// the row's data, decided per band (`band_hint`); 2 = the same decided exactly per load
-// (`load_hint`: also keeps the hint on the inner bands of rows that are not 256-byte aligned);
-// 0 = on every load (before session 6).
-#define TK_HINT_IN_ROW 2
-
 // Copies 16 bytes from global to shared memory without passing through registers (cp.async,
 // L1 bypassed); complete for the issuing thread after `cp.async.wait_all`. With `wide`,
 // `.L2::256B` has L2 fetch the whole 256-byte block around the 128 bytes a warp row reads: with
@@ -87,28 +78,14 @@ __device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bo
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// Whether every 16-byte load of one 128-byte band (`before` elements of its row before the band,
-// `after` from the band start to the row's end) may take the `.L2::256B` hint: whether the
-// aligned 256-byte block around each of its loads lies inside the row. At a row end the other
-// half of the block is data no block reads (a wider buffer's other columns or padding: at
-// 4032 x 576 e4m3 with row stride 1152, a third more DRAM reads) or the previous row's end. With
-// 256-byte aligned rows (`rows256`) a band is the low or high half of its block; otherwise the
-// block of a load reaches up to 255 bytes before the band and 368 bytes past its start. Counts
-// are clamped to 512 so the byte counts fit 32 bits; the same answer for every row of a tile.
-// The test applies to padded rows only: with `dense` rows (row stride = Y) the bytes past a row
-// end are the next row's start, which the same tile reads, so every load keeps the hint.
-__device__ __forceinline__ bool band_hint(bool dense, bool rows256, u32 before, u32 after) {
-#if TK_HINT_IN_ROW == 1
-    const u32 head = min(before, 512u) * E, tail = min(after, 512u) * E;
-    return dense || (rows256 ? tail + ((before * E) & 255) >= 256 : head >= 256 && tail >= 384);
-#else
-    return true;
-#endif
-}
-
-// Knob value 2: whether the 256-byte block around the load at `gmem` (`before` elements of its
-// row before it, `after` from it to the row's end) lies inside the row (padded rows only, as
-// `band_hint`). Counts clamped to 256 elements (>= 256 bytes, more than the offset in a block).
+// Whether the load at `gmem` (`before` elements of its row before it, `after` from it to the
+// row's end) may take the `.L2::256B` hint: whether the aligned 256-byte block around it lies
+// inside the row. At a row end the other half of the block is data no block reads (a wider
+// buffer's other columns or padding: at 4032 x 576 e4m3 with row stride 1152, a third more DRAM
+// reads) or the previous row's end. The test applies to padded rows only: with `dense` rows (row
+// stride = Y) the bytes past a row end are the next row's start, which the same tile reads, so
+// every load keeps the hint. Counts clamped to 256 elements (>= 256 bytes, more than the offset
+// in a block) so the byte counts fit 32 bits.
 __device__ __forceinline__ bool load_hint(bool dense, const elem_t* gmem, u32 before, u32 after) {
     const u32 a = (u32)reinterpret_cast<u64>(gmem) & 255;  // offset of gmem in its 256-byte block
     return dense || (a <= min(before, 256u) * E && 256 - a <= min(after, 256u) * E);
@@ -145,65 +122,50 @@ __device__ __forceinline__ uint4 transpose_words(const u32 (&w)[V], u32 j) {
 
 // out: (B, Y, X) contiguous; in: (B, X, Y) with row stride `ld` and batch stride `bs` (elements).
 // Grid: x -> tiles along x, exactly ceil(X / TX) of them (consecutive blocks write adjacent
-// pieces of the same output rows); y -> block rows: tile row ty < split is block row ty, tile
-// row ty >= split is block rows split + (ty - split) * P + p for its P = 2^tail_log2 parts p
-// (part p: input rows p * TX / P .. of each tile); z -> batch. y and z loop, so any size fits
-// the grid limits. split <= ceil(Y / (BANDS * BY)); TX / P is a multiple of V (P <= TX / V).
+// pieces of the same output rows); y -> tiles along y and z -> batch, both looping, so any size
+// fits the grid limits.
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpose(elem_t* __restrict__ out,
                                                                                 const elem_t* __restrict__ in,
                                                                                 u32 batches, u32 X, u32 Y,
-                                                                                u64 ld, u64 bs, u32 split,
-                                                                                u32 tail_log2) {
+                                                                                u64 ld, u64 bs) {
     __shared__ uint4 tile[BANDS][TX][8];  // (band, tile row, swizzled 16-byte unit along y)
     const u32 t = threadIdx.x;
     const u32 lr = t / 8, lu = t % 8;    // step 1: first tile row and the unit of this thread
     const u32 vx = t % LX, wy = t / LX;  // step 2: output vector and word column (0..31) of the task
     const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // step 2: swizzled unit, word in it
-    // Tiles along y, block rows (< 2^31: nty < 2^27 and P <= 8); xl and Y - y0 bound the offsets
-    // below, so nothing overflows for any X, Y < 2^32.
+    const u32 x0 = blockIdx.x * TX;                         // tile origin along x (< X)
+    // Tiles along y; X - x0 and Y - y0 bound the offsets below, so nothing overflows for any
+    // X, Y < 2^32.
     const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
-    const u32 part_rows = TX >> tail_log2;  // input rows of a tail block
-    const u32 nby = split + ((nty - split) << tail_log2);
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
         elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
-        const bool rows256 = ((reinterpret_cast<u64>(src) | ld * E) & 255) == 0;  // every row 256-byte aligned
-        const bool dense = ld == Y;                                                // rows back to back
-        for (u32 by = blockIdx.y; by < nby; by += gridDim.y) {
-            // Tile row, and this block's first input row x0 and row count xl (0 for a tail part
-            // past the end of a partial last tile; then the block only meets the barriers).
-            const u32 m = by - split, ty = by < split ? by : split + (m >> tail_log2);
-            const u32 x0 = blockIdx.x * TX + (by < split ? 0 : (m & ((1u << tail_log2) - 1)) * part_rows);
-            const u32 xl = x0 < X ? min(X - x0, by < split ? TX : part_rows) : 0;
+        const bool dense = ld == Y;            // rows back to back
+        for (u32 ty = blockIdx.y; ty < nty; ty += gridDim.y) {
             const u32 y0 = ty * BANDS * BY;  // tile origin along y
             __syncthreads();                 // the previous tile's reads of shared memory are done
             // This thread's first vector; the others are NT / 8 rows and whole bands further on.
             const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
 #pragma unroll
             for (u32 c = 0; c < BANDS; ++c) {
-                const bool wide = band_hint(dense, rows256, y0 + c * BY, Y - y0 - c * BY);  // used only in range
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-                    if (r < xl && u < Y - y0) {
+                    if (r < X - x0 && u < Y - y0) {
                         const elem_t* g = p + k * (NT / 8) * ld + c * BY;  // element (x0 + r, y0 + u)
-#if TK_HINT_IN_ROW == 2
                         copy16_async(&tile[c][r][lu ^ swz(r)], g, load_hint(dense, g, y0 + u, Y - y0 - u));
-#else
-                        copy16_async(&tile[c][r][lu ^ swz(r)], g, wide);
-#endif
                     }
                 }
             }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
-            // Every word a task reads was written in step 1: xl and Y - y0 are multiples of V, so the
-            // V rows of an in-range output vector, and the unit holding an in-range word, are in range.
+            // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
+            // rows of an in-range output vector, and the unit holding an in-range word, are in range.
             // One band's task at a time for 1-byte elements: its 16 words and 16 output words
             // already fill the register budget, and interleaving two bands' tasks spills.
 #pragma unroll(E == 1 ? 1 : BANDS)
             for (u32 c = 0; c < BANDS; ++c) {
-                if (vx * V < xl && c * BY + wy * W < Y - y0) {
+                if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
                     // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
                     elem_t* q = dst + (u64)(y0 + c * BY + wy * W) * X + x0 + vx * V;
                     u32 w[V];  // (V input rows, W elements along y)
@@ -221,12 +183,11 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
 
 constexpr int T = 32;  // tile edge (elements); 32 x 8 threads, each moves 4 elements per phase
 
-// Same arguments as the staged path (the tail split, the last two, is unused: the host passes
-// split = tail_log2 = 0); any X, Y, ld, bs and only element alignment.
+// Same arguments as the staged path; any X, Y, ld, bs and only element alignment.
 extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
                                                                        const elem_t* __restrict__ in,
                                                                        u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs, u32, u32) {
+                                                                       u64 ld, u64 bs) {
     __shared__ elem_t tile[T][T + 1];  // (x in tile, y in tile), padded against bank conflicts
     const u32 ntx = (X + T - 1) / T, nty = (Y + T - 1) / T;
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {

@@ -23,9 +23,7 @@
 //! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
 //! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
 //! from the shape so that small problems still give every SM several blocks); otherwise a
-//! 32 × 32 shared-memory tile kernel handles any shape. A single matrix of more tiles than the
-//! device holds at once has about its last resident wave of tiles moved in half-tile blocks, so
-//! the SMs run out of work at nearly the same time. `transpose_into_tiled` and
+//! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
 //! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
 //! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
 //! [`prewarm`]).
@@ -277,9 +275,6 @@ mod gpu {
 
     /// [`transpose_into`] with an explicit tiling of the staged-tile kernel instead of the one
     /// picked from the shape: for benchmarks and tuning (`benches/transpose.rs` compares them).
-    /// The tail split (the last resident wave of tiles moved in parts of a tile's rows) applies
-    /// as in [`transpose_into`].
-    ///
     /// Errors: [`TkError::Param`] naming `tiling` if it is not one of [`Tiling::supported`] for
     /// `T`, or if `x` and `out` do not qualify for the staged kernel (16-byte aligned rows, `X`
     /// and `Y` multiples of `16 / size_of::<T>()`); otherwise as [`transpose_into`].
@@ -352,15 +347,11 @@ mod gpu {
                 ));
             }
         }
-        let props = dev.props();
-        let (cfg, tiling, tail) = if vec {
-            let t = forced.unwrap_or_else(|| pick_tiling(&g, e, props.sm_count as usize));
-            let resident =
-                props.sm_count as usize * resident_per_sm(&t, e, props.max_smem_per_block_optin);
-            let tail = tail_split(&g, e, &t, resident);
-            (tile_config(&g, e, t, &tail), Some(t), tail)
+        let (cfg, tiling) = if vec {
+            let t = forced.unwrap_or_else(|| pick_tiling(&g, e, dev.props().sm_count as usize));
+            (tile_config(&g, e, t), Some(t))
         } else {
-            (generic_config(&g), None, TailSplit::default())
+            (generic_config(&g), None)
         };
         let f = dev.function(&kernel_spec(e, tiling))?;
         if tiling.is_some() {
@@ -372,14 +363,12 @@ mod gpu {
             )
             .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
         }
-        let (batches, xs, ys, ld, bs, split, tail_log2) = (
+        let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
             g.x as u32,
             g.y as u32,
             g.ld as u64,
             g.bs as u64,
-            tail.split as u32,
-            tail.parts_log2,
         );
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
@@ -388,16 +377,13 @@ mod gpu {
             .arg(&xs)
             .arg(&ys)
             .arg(&ld)
-            .arg(&bs)
-            .arg(&split)
-            .arg(&tail_log2);
+            .arg(&bs);
         // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
         // x's and out's buffers (views are bounds-checked at creation; the kernel reads
         // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only, the staged path's
-        // bounds checks relying on its grid x being exactly its tile count along x and on the
-        // tail split's parts dividing the tile height in multiples of 16 bytes of elements, as
-        // tile_config() and tail_split() set them), the staged path is taken only with 16-byte
-        // aligned rows, and both buffers outlive the stream-ordered launch.
+        // bounds checks relying on its grid x being exactly its tile count along x, as
+        // tile_config() sets it), the staged path is taken only with 16-byte aligned rows, and
+        // both buffers outlive the stream-ordered launch.
         unsafe { l.launch(cfg) }.ctx("launching tk_batched_transpose")?;
         Ok(())
     }
@@ -432,52 +418,6 @@ mod gpu {
         }
     }
 
-    /// Tail split knob (H200 A/B): in a one-matrix launch of more tiles than the device holds
-    /// at once, about the last resident wave of tiles is moved by this many blocks per tile, each
-    /// taking 1/`TAIL_PARTS` of the tile's input rows, so that the SMs run dry within a fraction
-    /// of a tile's lifetime of each other; 1 turns the split off. A power of two.
-    const TAIL_PARTS: usize = 2;
-
-    /// Length of the split tail in resident waves of tiles (rounded up to whole tile rows).
-    const TAIL_WAVES: usize = 1;
-
-    /// Tail split of one launch (kernel arguments `split`, `tail_log2`): tile rows (along y)
-    /// `split..` are moved by `2^parts_log2` blocks per tile, each taking
-    /// `tiling.rows >> parts_log2` input rows; the generic kernel ignores it (`default()`: zeros).
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-    struct TailSplit {
-        split: usize,
-        parts_log2: u32,
-    }
-
-    /// Blocks of tiling `t` resident on one SM: 1536 threads, 32 blocks, and the shared memory
-    /// (`smem_optin` per block at most, one SM's worth with the 1 KB the driver reserves per
-    /// block) bound it.
-    fn resident_per_sm(t: &Tiling, e: usize, smem_optin: usize) -> usize {
-        let by_smem = (smem_optin + 1024) / (t.tile_bytes() + 1024);
-        (1536 / t.threads(e)).min(32).min(by_smem).max(1)
-    }
-
-    /// The tail split of a launch of tiling `t` on a device holding `resident` of its blocks at
-    /// once: [`TAIL_WAVES`] × `resident` tiles (whole tile rows along y) at the end, for a single
-    /// matrix of more than `resident` tiles (batched launches reach 93-97 % of the copy ceiling
-    /// without it, and a single-wave problem has no tail to even out); part rows stay a multiple
-    /// of one 16-byte vector's elements.
-    fn tail_split(g: &Geometry, e: usize, t: &Tiling, resident: usize) -> TailSplit {
-        let (nx, ny) = tile_counts(g, e, t);
-        let parts = TAIL_PARTS.min(t.rows / (16 / e));
-        if g.batches != 1 || parts <= 1 || nx * ny <= resident {
-            return TailSplit {
-                split: ny,
-                parts_log2: 0,
-            };
-        }
-        TailSplit {
-            split: ny - (TAIL_WAVES * resident).div_ceil(nx).min(ny),
-            parts_log2: parts.ilog2(),
-        }
-    }
-
     /// Tiles along x and y.
     fn tile_counts(g: &Geometry, e: usize, t: &Tiling) -> (usize, usize) {
         (g.x.div_ceil(t.rows), g.y.div_ceil(t.cols(e)))
@@ -485,18 +425,12 @@ mod gpu {
 
     /// Launch shape of the staged-tile path. Blocks walk along x first (grid x: exactly one block
     /// per tile along x, which the kernel relies on; at most 2^29 since `X < 2^32` and a tile has
-    /// at least 8 rows), then the block rows along y (one per tile row, `2^parts_log2`
-    /// per tile row of the split tail), then the batch (both loop in the kernel beyond the grid
-    /// limits).
-    fn tile_config(g: &Geometry, e: usize, t: Tiling, tail: &TailSplit) -> LaunchConfig {
+    /// at least 8 rows), then the tiles along y, then the batch (both loop in the kernel beyond
+    /// the grid limits).
+    fn tile_config(g: &Geometry, e: usize, t: Tiling) -> LaunchConfig {
         let (nx, ny) = tile_counts(g, e, &t);
-        let block_rows = tail.split + ((ny - tail.split) << tail.parts_log2);
         LaunchConfig {
-            grid_dim: (
-                nx as u32,
-                block_rows.min(65535) as u32,
-                g.batches.min(65535) as u32,
-            ),
+            grid_dim: (nx as u32, ny.min(65535) as u32, g.batches.min(65535) as u32),
             block_dim: (t.threads(e) as u32, 1, 1),
             shared_mem_bytes: 0,
         }
@@ -561,8 +495,7 @@ mod gpu {
                     let picked = pick_tiling(&g, e, 132);
                     assert!(Tiling::supported(e).any(|s| s == picked));
                     for t in Tiling::supported(e) {
-                        let tail = tail_split(&g, e, &t, 132 * resident_per_sm(&t, e, 232_448));
-                        let cfg = tile_config(&g, e, t, &tail);
+                        let cfg = tile_config(&g, e, t);
                         // The kernel's constants: LX = rows / V output vectors per tile row,
                         // 32 · LX threads, 4 / E loads per thread and band.
                         assert_eq!(t.rows % v, 0);
@@ -572,97 +505,7 @@ mod gpu {
                         // Grid loops cover what one grid cannot: at least one block per axis.
                         assert!(cfg.grid_dim.1 >= 1 && cfg.grid_dim.2 >= 1);
                         assert_eq!(cfg.grid_dim.0 as usize, x.div_ceil(t.rows));
-                        if b > 1 {
-                            assert_eq!(tail.split, y.div_ceil(t.cols(e)));
-                            assert_eq!(cfg.grid_dim.1 as usize, y.div_ceil(t.cols(e)).min(65535));
-                        }
-                    }
-                }
-            }
-        }
-
-        /// The kernel's block decode (`tk_batched_transpose`, staged path): block (bx, by) of a
-        /// batch -> (tile row ty, first input row x0, input rows xl), in the kernel's u32 math.
-        fn decode(g: &Geometry, t: &Tiling, tail: &TailSplit, bx: u32, by: u32) -> (u32, u32, u32) {
-            let (x, tx) = (g.x as u32, t.rows as u32);
-            let (split, lg) = (tail.split as u32, tail.parts_log2);
-            let part_rows = tx >> lg;
-            let m = by.wrapping_sub(split);
-            let ty = if by < split { by } else { split + (m >> lg) };
-            let x0 = bx * tx
-                + if by < split {
-                    0
-                } else {
-                    (m & ((1 << lg) - 1)) * part_rows
-                };
-            let cap = if by < split { tx } else { part_rows };
-            let xl = if x0 < x { (x - x0).min(cap) } else { 0 };
-            (ty, x0, xl)
-        }
-
-        /// A CPU model of the kernel's tail-split decode: the blocks of one batch (every block row
-        /// the kernel's y loop visits) cover every input row of every tile row exactly once, each
-        /// block inside its own tile, with row counts that are multiples of one 16-byte vector;
-        /// and the tail (when there is one) is about one resident wave of tiles.
-        #[test]
-        fn tail_split_covers_every_row_once() {
-            for e in [1usize, 2, 4] {
-                let v = 16 / e;
-                for (x, y) in [
-                    (8064, 7168),
-                    (7952, 2064),
-                    (8016, 2064),
-                    (4032, 576),
-                    (16 * v, 70 * 128),
-                    (2 * v, 3 * v),
-                ] {
-                    let g = Geometry {
-                        batches: 1,
-                        x,
-                        y,
-                        ld: y,
-                        bs: 0,
-                    };
-                    for t in Tiling::supported(e).chain([pick_tiling(&g, e, 132)]) {
-                        let resident = 132 * resident_per_sm(&t, e, 232_448);
-                        let tail = tail_split(&g, e, &t, resident);
-                        let (nx, ny) = tile_counts(&g, e, &t);
-                        let cfg = tile_config(&g, e, t, &tail);
-                        assert_eq!(cfg.grid_dim.0 as usize, nx);
-                        let part_rows = t.rows >> tail.parts_log2;
-                        assert_eq!(part_rows << tail.parts_log2, t.rows);
-                        assert_eq!(part_rows % v, 0);
-                        assert!(tail.split <= ny);
-                        if nx * ny > resident && TAIL_PARTS > 1 {
-                            let tail_tiles = (ny - tail.split) * nx;
-                            assert!(tail_tiles >= resident && tail_tiles < resident + nx);
-                            assert!(part_rows < t.rows);
-                        } else {
-                            assert_eq!((tail.split, tail.parts_log2), (ny, 0));
-                        }
-                        let block_rows = tail.split + ((ny - tail.split) << tail.parts_log2);
-                        assert!(block_rows < 1 << 31);
-                        // rows[ty] = input rows covered so far, per tile row.
-                        let mut covered = vec![vec![0u8; x]; ny];
-                        for by in 0..block_rows as u32 {
-                            for bx in 0..nx as u32 {
-                                let (ty, x0, xl) = decode(&g, &t, &tail, bx, by);
-                                let (ty, x0, xl) = (ty as usize, x0 as usize, xl as usize);
-                                assert!(ty < ny);
-                                assert_eq!(xl % v, 0);
-                                if xl > 0 {
-                                    let tile0 = bx as usize * t.rows;
-                                    assert!(x0 >= tile0 && x0 + xl <= (tile0 + t.rows).min(x));
-                                }
-                                for n in covered[ty].iter_mut().skip(x0).take(xl) {
-                                    *n += 1;
-                                }
-                            }
-                        }
-                        assert!(
-                            covered.iter().all(|c| c.iter().all(|&n| n == 1)),
-                            "e={e} {x}x{y} {t:?} {tail:?}"
-                        );
+                        assert_eq!(cfg.grid_dim.1 as usize, y.div_ceil(t.cols(e)).min(65535));
                     }
                 }
             }

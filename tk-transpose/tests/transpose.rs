@@ -275,16 +275,15 @@ fn gpu_transpose_every_tiling() {
     ));
 }
 
-/// The tail split (the last resident wave of tiles of a one-matrix launch moved by blocks of
-/// part of a tile's rows): shapes with more tiles than an H200 or B200 holds at once, a partial
-/// last tile along x that leaves one tail part with fewer rows (X = 8016: 80 rows of 128) or
-/// none at all (X = 7952: 16 rows), and a partial last band; with the 128- and 32-byte tilings
-/// and the picked one; bit-exact against the CPU reference.
-fn tail_split<T: Element>(dev: &Device, dtype: &str) {
+/// Off-grid shapes of the staged kernel: more tiles than an H200 or B200 holds at once, a
+/// partial last tile along x (X = 8016: 80 rows of 128; X = 7952: 16 rows) and a partial last
+/// band; with the 128- and 32-byte tilings and the picked one; bit-exact against the CPU
+/// reference.
+fn partial_tiles<T: Element>(dev: &Device, dtype: &str) {
     let e = std::mem::size_of::<T>();
     for x in [7952, 8016] {
         let y = 2064;
-        let case = format!("tail-split transpose X={x} Y={y} {dtype}");
+        let case = format!("partial-tile transpose X={x} Y={y} {dtype}");
         let buf = par_random_bits::<T>(&[x, y], case_seed(&case));
         let expected = reference::transpose(&buf.view()).unwrap();
         let dbuf = dev.upload(&buf).unwrap();
@@ -306,13 +305,13 @@ fn tail_split<T: Element>(dev: &Device, dtype: &str) {
 }
 
 #[test]
-fn gpu_transpose_tail_split() {
-    let Some(dev) = gpu_or_skip("gpu_transpose_tail_split") else {
+fn gpu_transpose_partial_tiles() {
+    let Some(dev) = gpu_or_skip("gpu_transpose_partial_tiles") else {
         return;
     };
-    tail_split::<F8E4M3>(&dev, "e4m3");
-    tail_split::<bf16>(&dev, "bf16");
-    tail_split::<f32>(&dev, "fp32");
+    partial_tiles::<F8E4M3>(&dev, "e4m3");
+    partial_tiles::<bf16>(&dev, "bf16");
+    partial_tiles::<f32>(&dev, "fp32");
 }
 
 #[test]
