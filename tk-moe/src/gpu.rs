@@ -10,12 +10,12 @@ use tk_core::{DeviceView, Layout};
 /// The headers every kernel of this crate may include (`#include "tk/moe.cuh"`).
 pub(crate) const HEADERS: &[(&str, &str)] = &[("tk/moe.cuh", include_str!("../cuda/moe.cuh"))];
 
-/// Threads per block of every kernel but `tk_fused_count_scan`, the counting kernels and the
-/// one-thread-per-row kernels.
+/// Threads per block of every kernel but `tk_fused_count_scan`, the counting kernels and
+/// `inplace_unique_group_indices` (`normalize_weight` too: one thread per row).
 pub(crate) const THREADS: u32 = 256;
 
-/// Threads per block of the one-thread-per-row kernels (`normalize_weight`,
-/// `inplace_unique_group_indices`): small blocks spread the few rows over more SMs.
+/// Threads per block of `inplace_unique_group_indices` (one thread per row): small blocks
+/// spread the few rows over more SMs.
 pub(crate) const ROW_THREADS: u32 = 128;
 
 /// The row stride (elements) of a rank-2 layout.

@@ -48,7 +48,7 @@ mod gpu {
 
     use super::NormalizeWeightParams;
     use crate::gpu::{
-        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, ROW_THREADS,
+        access_bytes, blocks, check_device, check_out, config, row_stride, HEADERS, THREADS,
     };
 
     static SOURCE: KernelSource = KernelSource {
@@ -112,12 +112,15 @@ mod gpu {
         );
         // 16-byte row accesses when every row of w and of out starts on a 16-byte boundary.
         let vec = (k % 4 == 0 && access_bytes(&[w, ld * 4, out]) == 16) as u32;
+        // One thread per token in CTAs of 256 (85 CTAs at T = 21671). H200 (meas23, two
+        // runs): 256-thread CTAs 1.95-1.98 us at K = 8, T = 21671 against 1.98-2.02 with 128
+        // and 2.02 with 64 or 32 (one 32 ns CUPTI tick: within noise, but never slower).
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&den).arg(&out).arg(&w).arg(&ld).arg(&t64).arg(&vec);
         // SAFETY: thread t < T reads w[t, 0..K] (the validated view; 16-byte vectors only when
         // `vec` says every row is aligned and K % 4 == 0) and writes den[t] and out[t, 0..K]
         // (checked contiguous outputs); the buffers outlive the launch.
-        unsafe { l.launch(config(blocks(t, ROW_THREADS as usize), ROW_THREADS)) }
+        unsafe { l.launch(config(blocks(t, THREADS as usize), THREADS)) }
             .ctx("launching tk_normalize_weight")?;
         Ok(())
     }
