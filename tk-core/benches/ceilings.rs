@@ -2,8 +2,9 @@
 //! of an op (casts narrow 2:1 .. 8:1, casts back widen 1:2 .. 1:8, transposes copy 1:1), at the
 //! op's byte counts, measured like every op (CUPTI kernel time, L2 flushed, median) beside the
 //! same run's 1 GiB copy ceiling. Every op's `% of copy ceiling` is against the 1:1 copy; these
-//! rows say how much of that a stream of the op's own shape can reach (HBM writes cost more
-//! than reads, so write-heavy streams fall short of the copy).
+//! rows say how much of that a stream of the op's own shape can reach. On the H200 the launch
+//! shape matters most for write-heavy streams: a 1:4 stream of 287 MB reached 81 % with 8
+//! long-lived CTAs per SM and 91.5 % with 32 short ones (tk-quant PERF.md, session 6).
 //!
 //! Kernel: `tk-core/cuda/stream.cu` (items of R 16-byte vectors in, W out, every store waiting
 //! for its loads), 256-thread blocks, 8, 32 or 128 blocks per SM, plain or streaming (`.cs`)
