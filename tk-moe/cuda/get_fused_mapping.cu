@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
     for (u32 i = threadIdx.x; i < TK_E * REPL; i += SCAN_THREADS) hist[i] = 0;
     __syncthreads();
     const u64 begin = blockIdx.x * L, end = min(begin + L, T * TK_K);  // begin is even
-    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, SCAN_THREADS);
+    count_pairs<REPL, 4>(hist, idx, ld, TK_K, end, flat != 0, 0, TK_E, begin / 2, threadIdx.x, SCAN_THREADS, [] {});
     __syncthreads();
     if (REPL > 1) {
         fold_copies<REPL>(tot, hist, TK_E);

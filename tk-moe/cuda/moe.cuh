@@ -96,32 +96,15 @@ __device__ __forceinline__ void tally(u32* hist, i64 v, i64 lo, i64 hi, u32 lane
 }
 
 // Counts the entries in [lo, hi) with flat index < N of the pairs j = first + g + ng*r
-// (r = 0, 1, ..: thread g of ng) into hist (shared, REPL copies per bin, zeroed by the caller).
-// R pairs per thread are loaded before they are counted.
-template <u32 REPL, int R>
-__device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
-                                            i64 lo, i64 hi, u64 first, u32 g, u32 ng) {
-    const u32 lane = threadIdx.x % 32;
-    const u64 pairs = (N + 1) / 2;
-    for (u64 j0 = first + g; j0 < pairs; j0 += (u64)ng * R) {
-        i64 a[R], b[R];  // (R,) pairs of entries
-#pragma unroll
-        for (int r = 0; r < R; ++r) load_pair(idx, ld, K, N, flat, j0 + (u64)r * ng, a[r], b[r]);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            tally<REPL>(hist, a[r], lo, hi, lane);
-            tally<REPL>(hist, b[r], lo, hi, lane);
-        }
-    }
-}
-
-// As count_pairs, but every thread runs the first round (its loads predicated off past the end)
-// and calls init() (block-wide: every thread calls it) after issuing that round's loads and
-// before counting them: the shared histogram's zeroing and its barrier run while the first
-// loads are in flight instead of before they are issued.
+// (r = 0, 1, ..: thread g of ng) into hist (shared, REPL copies per bin, or global counters),
+// R pairs per thread loaded before they are counted. Every thread runs the first round (its
+// loads predicated off past the end) and calls init() (block-wide: every thread calls it;
+// `[] {}` for none) after issuing that round's loads and before counting them: the grid
+// histogram zeroes its shared histogram there, so the zeroing and its barrier run while the
+// first loads are in flight.
 template <u32 REPL, int R, class Init>
-__device__ __forceinline__ void count_pairs_init(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N,
-                                                 bool flat, i64 lo, i64 hi, u64 first, u32 g, u32 ng, Init init) {
+__device__ __forceinline__ void count_pairs(u32* hist, const i64* __restrict__ idx, u64 ld, u32 K, u64 N, bool flat,
+                                            i64 lo, i64 hi, u64 first, u32 g, u32 ng, Init init) {
     const u32 lane = threadIdx.x % 32;
     const u64 pairs = (N + 1) / 2;
     bool once = true;
@@ -203,7 +186,7 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
             for (u32 i = threadIdx.x; i < W * REPL; i += COUNT_THREADS) hist[i] = 0;
             __syncthreads();
         };
-        count_pairs_init<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng, zero);
+        count_pairs<REPL, COUNT_PAIRS>(hist, idx, ld, K, N, flat, 0, E, 0, g, ng, zero);
         __syncthreads();
         if (REPL > 1) {
             fold_copies<REPL>(tot, hist, W);
@@ -220,7 +203,7 @@ __device__ __forceinline__ void grid_histogram(u32* ws, const i64* __restrict__ 
         for (u32 e = threadIdx.x; e < W; e += COUNT_THREADS)
             if (sums[e] != 0) atomicAdd(bins + e, sums[e]);
     } else {
-        count_pairs<1, COUNT_PAIRS>(bins, idx, ld, K, N, flat, 0, E, 0, g, ng);
+        count_pairs<1, COUNT_PAIRS>(bins, idx, ld, K, N, flat, 0, E, 0, g, ng, [] {});
     }
     if (!last_block_done(ws)) return;
     for (u32 e = threadIdx.x; e < E; e += COUNT_THREADS) put(e, atomicExch(bins + e, 0u));
