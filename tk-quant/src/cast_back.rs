@@ -166,23 +166,25 @@ mod gpu {
     // kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for CastBackArgs {}
 
-    /// Columns of one warp task of FP8 / FP4 data: 2 fragments per lane of 8 values, 4 of 4
-    /// (e4m3 -> fp32). H200 (meas26, medians of 3 runs at 8001x7168, against 4 fragments per
-    /// lane everywhere): e2m1 -> fp32 npc=128 68.19 -> 66.27 µs (89.0 -> 91.5 %), e4m3 -> bf16
-    /// npc=128 43.66 -> 43.07, npc=7168 43.84 -> 42.96; e2m1 -> bf16 within 0.5 %. 512 columns
-    /// also keep a task's packed npc=128 scales whole words (`TASK_WORDS`): e4m3 -> fp32 with 2
-    /// fragments (256 columns) lost them and was 4.5 % slower, so it keeps 4.
+    /// Columns of one warp task of FP8 / FP4 data with scale blocks wider than one column: 2
+    /// fragments per lane of 8 values, 4 of 4 (e4m3 -> fp32). H200 (meas26, medians of 3 runs
+    /// at 8001x7168, against 4 fragments per lane everywhere): e2m1 -> fp32 npc=128 68.19 ->
+    /// 66.27 µs (89.0 -> 91.5 %), e4m3 -> bf16 npc=128 43.66 -> 43.07, npc=7168 43.84 -> 42.96;
+    /// e2m1 -> bf16 within 0.5 %. 512 columns also keep a task's packed npc=128 scales whole
+    /// words (`TASK_WORDS`): e4m3 -> fp32 with 2 fragments (256 columns) lost them and was 4.5 %
+    /// slower, so it keeps 4.
     const TASK_COLUMNS: usize = 512;
 
-    /// Fragments per lane of an E5M6 task (1024 columns), as measured with the other formats
-    /// before `TASK_COLUMNS` (meas22: 92.5-94.2 % of the copy ceiling).
-    const E5M6_FRAGS_PER_LANE: usize = 4;
+    /// Fragments per lane of the other tasks: E5M6 data (1024 columns, meas22: 92.5-94.2 % of
+    /// the copy ceiling) and per-column scales (`bk == 1`, one scale per value: with 2
+    /// fragments e4m3 128x1 -> bf16 at 8064x7168 took 48.6-48.8 µs against 45.15 with 4, meas27).
+    const FRAGS_PER_LANE: usize = 4;
 
     /// Fragments each lane loads per warp task (`TK_J`), all in flight before the first store.
-    fn frags_per_lane(fmt: Option<CastFormat>, out: DType) -> usize {
+    fn frags_per_lane(fmt: Option<CastFormat>, bk: usize, out: DType) -> usize {
         match fmt {
-            Some(_) => TASK_COLUMNS / (32 * fragment_values(fmt, out)),
-            None => E5M6_FRAGS_PER_LANE,
+            Some(_) if bk > 1 => TASK_COLUMNS / (32 * fragment_values(fmt, out)),
+            _ => FRAGS_PER_LANE,
         }
     }
 
@@ -199,8 +201,8 @@ mod gpu {
     }
 
     /// The columns of one warp task (`SEG` in the kernel).
-    fn task_columns(fmt: Option<CastFormat>, out: DType) -> usize {
-        frags_per_lane(fmt, out) * 32 * fragment_values(fmt, out)
+    fn task_columns(fmt: Option<CastFormat>, bk: usize, out: DType) -> usize {
+        frags_per_lane(fmt, bk, out) * 32 * fragment_values(fmt, out)
     }
 
     /// The specialisation for data `fmt`, packed or fp32 scales, `block`, output `out`, vector
@@ -228,7 +230,7 @@ mod gpu {
             .define("TK_OUT", (out == DType::BF16) as u8)
             .define("TK_VECIO", vecio as u8)
             .define("TK_SF_VEC", sf_vec as u8)
-            .define("TK_J", frags_per_lane(fmt, out))
+            .define("TK_J", frags_per_lane(fmt, block.1, out))
     }
 
     /// The specialisations of the spec's grids (for compile checks and prewarm).
@@ -372,7 +374,7 @@ mod gpu {
         // tasks in ~2 waves. A pure write-heavy stream behaves the same way (tk-core's
         // ceilings bench: a 1:4 stream reaches 91.5 % of the copy ceiling with 32 short CTAs
         // per SM, 81.1 % with 8 long ones).
-        let tasks = plan.m * plan.k.div_ceil(task_columns(src.fmt, O::DTYPE));
+        let tasks = plan.m * plan.k.div_ceil(task_columns(src.fmt, block.1, O::DTYPE));
         let warps_per_cta = CTA_THREADS as usize / 32;
         let cfg = LaunchConfig {
             grid_dim: (
