@@ -853,6 +853,33 @@ fn index_cases() -> Vec<(String, HostTensor<i64>, usize)> {
     v
 }
 
+/// `normalize_weight` of fresh uniform weights `(t, k)` (seeded by `name`), stored with `pad`
+/// NaN elements after each row (row stride `k + pad`), into poisoned outputs, bit-exact against
+/// the CPU reference.
+fn check_normalize_weight(dev: &Device, name: &str, t: usize, k: usize, pad: usize) {
+    let mut rng = Rng::for_case(name);
+    let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
+    let expected = reference::normalize_weight(&w.view()).unwrap();
+    let (buf, layout) = common::padded_rows(&w, pad, f32::NAN);
+    let dbuf = up(
+        dev,
+        &HostTensor::from_vec(buf.clone(), &[buf.len()]).unwrap(),
+    );
+    let view = dbuf.view().with_layout(layout).unwrap();
+    let (mut den, mut out) = (poisoned::<f32>(dev, &[t]), poisoned::<f32>(dev, &[t, k]));
+    tk_moe::normalize_weight_into(&view, &mut den.view_mut(), &mut out.view_mut()).unwrap();
+    assert_bits_eq(
+        &format!("{name} den"),
+        den.to_host().unwrap().as_slice(),
+        expected.denominator.as_slice(),
+    );
+    assert_bits_eq(
+        &format!("{name} w"),
+        out.to_host().unwrap().as_slice(),
+        expected.normalized_weights.as_slice(),
+    );
+}
+
 #[test]
 fn gpu_normalize_weight_grid() {
     let Some(dev) = gpu_or_skip("gpu_normalize_weight_grid") else {
@@ -860,23 +887,7 @@ fn gpu_normalize_weight_grid() {
     };
     par_gpu(&dev, &index_cases(), |dev, (name, idx, _)| {
         let (t, k) = (idx.shape()[0], idx.shape()[1]);
-        let mut rng = Rng::for_case(&format!("normalize {name}"));
-        let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
-        let expected = reference::normalize_weight(&w.view()).unwrap();
-        let dw = up(dev, &w);
-        let (mut den, mut out) = (poisoned::<f32>(dev, &[t]), poisoned::<f32>(dev, &[t, k]));
-        tk_moe::normalize_weight_into(&dw.view(), &mut den.view_mut(), &mut out.view_mut())
-            .unwrap();
-        assert_bits_eq(
-            &format!("normalize {name} den"),
-            den.to_host().unwrap().as_slice(),
-            expected.denominator.as_slice(),
-        );
-        assert_bits_eq(
-            &format!("normalize {name} w"),
-            out.to_host().unwrap().as_slice(),
-            expected.normalized_weights.as_slice(),
-        );
+        check_normalize_weight(dev, &format!("normalize {name}"), t, k, 0);
     });
 }
 
@@ -890,28 +901,7 @@ fn gpu_normalize_weight_off_grid() {
         return;
     };
     for (t, k, pad) in [(1001, 16, 0), (37, 8, 0), (999, 8, 1), (513, 4, 1)] {
-        let name = format!("normalize T={t} K={k} pad={pad}");
-        let mut rng = Rng::for_case(&name);
-        let w = HostTensor::from_fn(&[t, k], |_| rng.uniform());
-        let expected = reference::normalize_weight(&w.view()).unwrap();
-        let (buf, layout) = common::padded_rows(&w, pad, f32::NAN);
-        let dbuf = up(
-            &dev,
-            &HostTensor::from_vec(buf.clone(), &[buf.len()]).unwrap(),
-        );
-        let view = dbuf.view().with_layout(layout).unwrap();
-        let (mut den, mut out) = (poisoned::<f32>(&dev, &[t]), poisoned::<f32>(&dev, &[t, k]));
-        tk_moe::normalize_weight_into(&view, &mut den.view_mut(), &mut out.view_mut()).unwrap();
-        assert_bits_eq(
-            &format!("{name} den"),
-            den.to_host().unwrap().as_slice(),
-            expected.denominator.as_slice(),
-        );
-        assert_bits_eq(
-            &format!("{name} w"),
-            out.to_host().unwrap().as_slice(),
-            expected.normalized_weights.as_slice(),
-        );
+        check_normalize_weight(&dev, &format!("normalize T={t} K={k} pad={pad}"), t, k, pad);
     }
 }
 
