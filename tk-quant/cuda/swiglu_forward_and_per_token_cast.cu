@@ -25,6 +25,9 @@
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
+//   TK_Q4        tiled path, plain outputs: 1: a lane's columns are quads (4 columns) spaced
+//                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
+//                sectors (fp32 output: 16-byte stores side by side); 0: 8 FPL adjacent columns
 //   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
 //                fragments per thread; undefined: the tiled path (groups of 128 columns)
 #include "tk/fused_io.cuh"
@@ -227,9 +230,75 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 #ifndef TK_FPL
 #define TK_FPL 1
 #endif
+#ifndef TK_Q4
+#define TK_Q4 0
+#endif
+// 1: the routing weights are looked up after the first column tile's x loads are issued, so
+// the dependent pos_to_token_topk -> topk_weights chain overlaps them (0: before the column
+// loop, and the first tile's loads wait for the pos_to_token_topk entry).
+#define TK_FWD_EARLY_LOAD 1
 constexpr int RPT = TK_RPT, FPL = TK_FPL, NS = RPT * FPL;  // NS fragments (slots) per lane
 constexpr int TC = 128, TEAM = TC / (8 * FPL), TEAMS = 256 / TEAM, TR = TEAMS * RPT;
+constexpr bool Q4 = TK_Q4 != 0;
 static_assert(FPL == 1 || FPL == 2, "TK_FPL is 1 or 2");
+static_assert(!(Q4 && QUANT), "TK_Q4 is for plain (fp32 / bf16) outputs");
+
+// The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
+// [h IN_BYTES, (h + 1) IN_BYTES) of the raw fragment) is quad q = 2 f + h at columns
+// tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + 8 (FPL tl + f) + 4 h.
+__device__ __forceinline__ u64 lane_col(u64 tc, u32 tl) {
+    return tc * TC + (Q4 ? 4 * tl : 8 * FPL * tl);
+}
+
+// Loads the raw gate and value fragments of the lane in row r, column tile tc.
+__device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl, Words (&l)[FPL], Words (&v)[FPL]) {
+    if constexpr (Q4) {
+        const u8* gate = reinterpret_cast<const u8*>(p.x) + (r * p.ldx + lane_col(tc, tl)) * IN_BYTES;  // (2H - c,) elements
+        const u8* val = gate + p.h * IN_BYTES;                                                           // (H - c,) elements
+#pragma unroll
+        for (int q = 0; q < 2 * FPL; ++q) {
+            const int off = q * TEAM * 4 * IN_BYTES;  // quad q's byte offset from the lane's first column
+            tkq::load_bytes<IN_BYTES * 4, VECIO>(gate + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(l[q / 2] + (q % 2) * IN_BYTES));
+            tkq::load_bytes<IN_BYTES * 4, VECIO>(val + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(v[q / 2] + (q % 2) * IN_BYTES));
+        }
+    } else {
+        load_pairs<FPL>(p, r, lane_col(tc, tl), l, v);
+    }
+}
+
+// Loads the lane's fragments of the team's RPT rows from r0 in column tile tc (rows beyond N:
+// zeros, never stored).
+__device__ __forceinline__ void load_tile(const Params& p, u64 r0, u64 tc, u32 tl, Words (&l)[RPT][FPL], Words (&v)[RPT][FPL]) {
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        if (r0 + i < p.n) load_lane(p, r0 + i, tc, tl, l[i], v[i]);
+        else
+#pragma unroll
+            for (int f = 0; f < FPL; ++f)
+#pragma unroll
+                for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
+    }
+}
+
+// Stores the lane's activations a (FPL fragments) of row r in column tile tc (store_outs, or
+// with TK_Q4 one 16-byte (fp32) / 8-byte (bf16) store per quad).
+__device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 r, u64 tc, u32 tl, const float (&a)[FPL][8], float inv) {
+#if TK_Q4  // plain outputs only (Plain8)
+    {
+        constexpr int QW = OUT_WORDS / 2, QB = QW * 4;  // words and bytes of a quad's output
+        u32 w[FPL * OUT_WORDS];                         // (FPL OUT_WORDS,) packed output, quad q at words q QW
+#pragma unroll
+        for (int f = 0; f < FPL; ++f) tkq::pack8_plain<TK_OUT>(a[f], *reinterpret_cast<u32 (*)[OUT_WORDS]>(w + f * OUT_WORDS));
+#pragma unroll
+        for (int j = 0; j < FPL * OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+        u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + lane_col(tc, tl)) / 4 * QB;  // (N, H) fp32 / bf16
+#pragma unroll
+        for (int q = 0; q < 2 * FPL; ++q) tkq::store_bytes<QB, VECIO>(out + q * TEAM * QB, *reinterpret_cast<const u32 (*)[QW]>(w + q * QW));
+    }
+#else
+    store_outs<FPL>(p, processed, r, lane_col(tc, tl), a, inv);
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
@@ -243,22 +312,17 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
 #pragma unroll
         for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
         float w[RPT];  // (RPT,) routing weights
+        if constexpr (!TK_FWD_EARLY_LOAD)
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+            for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
         for (u64 tc = tc0; tc < tc1; ++tc) {
-            // Slot s = i FPL + f: row r0 + i, columns c0 + 8 f ..
-            const u64 c0 = tc * TC + tl * (8 * FPL);  // first column of this lane's fragments
-            Words l[RPT][FPL], v[RPT][FPL];           // (RPT rows, FPL) raw gate and value fragments, all in flight
+            // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
+            Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
+            load_tile(p, r0, tc, tl, l, v);
+            if (TK_FWD_EARLY_LOAD && tc == tc0)
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                if (r0 + i < p.n) load_pairs<FPL>(p, r0 + i, c0, l[i], v[i]);
-                else
-#pragma unroll
-                    for (int f = 0; f < FPL; ++f)
-#pragma unroll
-                        for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
-            }
+                for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
             float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
 #pragma unroll
             for (int s = 0; s < NS; ++s)
@@ -289,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             }
 #pragma unroll
             for (int i = 0; i < RPT; ++i)
-                if (r0 + i < p.n) store_outs<FPL>(p, ri[i].processed, r0 + i, c0, a[i], inv[i]);
+                if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
             if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
     }
