@@ -66,6 +66,10 @@ constexpr float QMAX = 448.0f;
 #endif
 
 constexpr int CLAMP = TK_CLAMP;
+// 1: fl(1 + expf(-l)) on the inline-division path as one FFMA after expf's own steps
+// (tkq::one_plus_expf_neg, bit for bit); 0: expf then FADD. Not with the counting clamp
+// (TK_CLAMP 2), where it spilled 36 bytes at 64 registers (sm_90a).
+#define TK_FWD_EXP_FMA 1
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
@@ -138,7 +142,7 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
             }
         }
     }
-    tkq::swiglu_act8(l, v, a);
+    tkq::swiglu_act8<TK_FWD_EXP_FMA != 0 && CLAMP != 2>(l, v, a);
     if (p.ptt)
 #pragma unroll
         for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
