@@ -17,7 +17,8 @@
 //   TK_SF_OUT    (quantized) 0 layout A, 1 layout B, 2 layout C
 //   TK_ROUND     (quantized) 1: power-of-two scales
 //   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
-//   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set)
+//   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set); 3: clamp to C
+//                by min / max (tkq::swiglu_clamp_minmax; the host's choice for C != -0.0)
 //   TK_RPT       tiled path: rows per team
 //   TK_FPL       tiled path: 8-column fragments per lane and row (1 or 2; default 1); the
 //                host uses RPT x FPL = 2 for bf16 (RPT 1, FPL 2), 1 for fp32 input: 64 bytes
@@ -70,6 +71,9 @@ constexpr int CLAMP = TK_CLAMP;
 // (tkq::one_plus_expf_neg, bit for bit); 0: expf then FADD. Not with the counting clamp
 // (TK_CLAMP 2), where it spilled 36 bytes at 64 registers (sm_90a).
 #define TK_FWD_EXP_FMA 1
+// 1: a fragment's division-range check before its inline divisions (tkq::swiglu_act8
+// CHECK_FIRST); 0: the quotients first, recomputed if the check fails.
+#define TK_FWD_CHECK_FIRST 1
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
@@ -131,7 +135,10 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
     float l[8], v[8];  // (8,) gate and value
     tkq::widen8<TK_IN>(lw, l);
     tkq::widen8<TK_IN>(vw, v);
-    if constexpr (CLAMP != 0) {
+    if constexpr (CLAMP == 3) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) tkq::swiglu_clamp_minmax(l[j], v[j], p.clamp);
+    } else if constexpr (CLAMP != 0) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const tkq::ClampFlags f = tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
@@ -142,7 +149,7 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
             }
         }
     }
-    tkq::swiglu_act8<TK_FWD_EXP_FMA != 0 && CLAMP != 2>(l, v, a);
+    tkq::swiglu_act8<TK_FWD_EXP_FMA != 0 && CLAMP != 2, TK_FWD_CHECK_FIRST != 0>(l, v, a);
     if (p.ptt)
 #pragma unroll
         for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);

@@ -484,7 +484,7 @@ mod gpu {
         /// Scale layout and rounding (quantized formats).
         pub sf: Option<(ScaleLayout, bool)>,
         pub vecio: bool,
-        /// The clamp: 0 none, 1 clamp, 2 clamp and count.
+        /// The clamp: 0 none, 1 clamp, 2 clamp and count, 3 clamp by min / max ([`clamp_code`]).
         pub clamp: u8,
         /// Routing weights given (selects the tiled path's shape for fp32 output).
         pub weights: bool,
@@ -576,6 +576,21 @@ mod gpu {
         }
     }
 
+    /// Clamp without counting by `min.NaN(l, C)`, `max.NaN(min.NaN(v, C), −C)` (`TK_CLAMP` 3:
+    /// 3 instructions per pair instead of ~5 compares and selects) for every `C` but `−0.0`,
+    /// where min / max order the zeros differently from the spec's comparisons (`TK_CLAMP` 1).
+    const CLAMP_MIN_MAX: bool = true;
+
+    /// The kernel's `TK_CLAMP` for clamp `c` and counting.
+    fn clamp_code(c: Option<f32>, count: bool) -> u8 {
+        match (c, count) {
+            (None, _) => 0,
+            (Some(_), true) => 2,
+            (Some(c), false) if CLAMP_MIN_MAX && c.is_sign_positive() => 3,
+            (Some(_), false) => 1,
+        }
+    }
+
     /// fp32 output: a lane's columns are quads of 4 spaced by the team width (`TK_Q4`), so each
     /// load and store instruction of a team covers whole 32-byte sectors (16-byte fp32 stores
     /// side by side); `false`: 8 or 16 adjacent columns per lane, whose 16-byte accesses each
@@ -610,8 +625,9 @@ mod gpu {
     }
 
     /// The specialisations the tests and benchmarks launch: bf16 and fp32 input to every
-    /// format, groups of 128 in layouts A and C, and a whole-row cast, each without and with
-    /// the clamp; the counting clamp for bf16 to e4m3 in layout C.
+    /// format, groups of 128 in layouts A and C, and a whole-row cast, each without the clamp
+    /// and with both clamp forms (selects, min / max); the counting clamp for bf16 to e4m3 in
+    /// layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
         let mut push_tiles = |bf16_in, out, sf, clamp, whole_row, weights, tiles| {
@@ -630,7 +646,7 @@ mod gpu {
             )
         };
         // Runs of 5 column tiles (H = 1280): bf16 to e4m3 in layouts A and C.
-        for clamp in [0, 1] {
+        for clamp in [0, 1, 3] {
             for sf in [
                 (ScaleLayout::RowMajorF32, true),
                 (ScaleLayout::PackedUe8m0, true),
@@ -650,7 +666,7 @@ mod gpu {
             push_tiles(bf16_in, out, sf, clamp, whole_row, weights, 56)
         };
         for bf16_in in [true, false] {
-            for clamp in [0, 1] {
+            for clamp in [0, 1, 3] {
                 // fp32 output: both tiled shapes.
                 for weights in [false, true] {
                     push(bf16_in, SwigluOutFormat::F32, None, clamp, None, weights);
@@ -803,11 +819,7 @@ mod gpu {
             out: params.out_format,
             sf: quant,
             vecio,
-            clamp: match (params.swiglu_clamp_value, params.count_clamped) {
-                (None, _) => 0,
-                (Some(_), false) => 1,
-                (Some(_), true) => 2,
-            },
+            clamp: clamp_code(params.swiglu_clamp_value, params.count_clamped),
             weights: inputs.topk.is_some(),
             whole_row: if quant.is_some() && npc == h && h > 128 {
                 Some(whole_row_shape(h)?)
