@@ -19,6 +19,7 @@
 //   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
 //   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set); 3: clamp to C
 //                by min / max (tkq::swiglu_clamp_minmax; the host's choice for C != -0.0)
+//   TK_W         0: no routing weights (p.ptt is 0; no weight code); 1: weights if p.ptt
 //   TK_RPT       tiled path: rows per team
 //   TK_FPL       tiled path: 8-column fragments per lane and row (1 or 2; default 1); the
 //                host uses RPT x FPL = 2 for bf16 (RPT 1, FPL 2), 1 for fp32 input: 64 bytes
@@ -67,6 +68,7 @@ constexpr float QMAX = 448.0f;
 #endif
 
 constexpr int CLAMP = TK_CLAMP;
+constexpr bool WEIGHTS = TK_W != 0;  // the routing-weight code is compiled (used if p.ptt)
 // 1: fl(1 + expf(-l)) on the inline-division path as one FFMA after expf's own steps
 // (tkq::one_plus_expf_neg, bit for bit); 0: expf then FADD. Not with the counting clamp
 // (TK_CLAMP 2), where it spilled 36 bytes at 64 registers (sm_90a).
@@ -86,7 +88,7 @@ struct RowInfo {
 __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
     RowInfo ri{true, -1};
     if (p.pte) ri.processed = reinterpret_cast<const i32*>(p.pte)[r * p.pte_s] >= 0;
-    if (p.ptt) ri.slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
+    if (WEIGHTS && p.ptt) ri.slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
     return ri;
 }
 
@@ -97,7 +99,7 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
 // ~70-instruction call once per row); k >= 2^32 is clamped to 2^32 - 1 > slot, which gives the
 // same (0, slot).
 __device__ __forceinline__ float row_weight(const Params& p, i32 slot) {
-    if (!p.ptt) return 1.0f;
+    if (!WEIGHTS || !p.ptt) return 1.0f;
     const bool ok = slot >= 0 && (u64)slot < p.tw_len;
     const u32 q = ok ? (u32)slot : 0u;
     u64 at;  // element offset of topk_weights.flat[q]
@@ -150,7 +152,7 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
         }
     }
     tkq::swiglu_act8<TK_FWD_EXP_FMA != 0 && CLAMP != 2, TK_FWD_CHECK_FIRST != 0>(l, v, a);
-    if (p.ptt)
+    if (WEIGHTS && p.ptt)
 #pragma unroll
         for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
 }

@@ -486,7 +486,7 @@ mod gpu {
         pub vecio: bool,
         /// The clamp: 0 none, 1 clamp, 2 clamp and count, 3 clamp by min / max ([`clamp_code`]).
         pub clamp: u8,
-        /// Routing weights given (selects the tiled path's shape for fp32 output).
+        /// Routing weights given (`TK_W`; selects the tiled path's shape for fp32 output).
         pub weights: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
@@ -553,7 +553,8 @@ mod gpu {
                 .define("TK_IN", self.bf16_in as u8)
                 .define("TK_OUT", out)
                 .define("TK_VECIO", self.vecio as u8)
-                .define("TK_CLAMP", self.clamp);
+                .define("TK_CLAMP", self.clamp)
+                .define("TK_W", (self.weights || !WEIGHTS_SPECIALISED) as u8);
             let s = match self.sf {
                 Some((layout, round)) => s
                     .define("TK_SF_OUT", layout_code(layout))
@@ -597,6 +598,11 @@ mod gpu {
     /// cover half of every sector (ncu on the H200: 50 % excessive sectors, L1 hit 57 %).
     const FP32_OUT_QUAD_COLUMNS: bool = true;
 
+    /// Kernels without routing weights are compiled without the weight code (`TK_W` 0: no
+    /// `pos_to_token_topk` / `topk_weights` loads, no `· 1.0` per element, which the runtime
+    /// check compiled to); `false`: one kernel for both (`TK_W` 1, the weights used if given).
+    const WEIGHTS_SPECIALISED: bool = true;
+
     /// The kernels' code of a scale layout (A 0, B 1, C 2).
     pub(crate) fn layout_code(layout: ScaleLayout) -> u8 {
         match layout {
@@ -626,8 +632,8 @@ mod gpu {
 
     /// The specialisations the tests and benchmarks launch: bf16 and fp32 input to every
     /// format, groups of 128 in layouts A and C, and a whole-row cast, each without the clamp
-    /// and with both clamp forms (selects, min / max); the counting clamp for bf16 to e4m3 in
-    /// layout C.
+    /// and with both clamp forms (selects, min / max), without routing weights and (no clamp)
+    /// with them; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
         let mut push_tiles = |bf16_in, out, sf, clamp, whole_row, weights, tiles| {
@@ -671,16 +677,20 @@ mod gpu {
                 for weights in [false, true] {
                     push(bf16_in, SwigluOutFormat::F32, None, clamp, None, weights);
                 }
-                push(bf16_in, SwigluOutFormat::BF16, None, clamp, None, false);
-                for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
-                    for sf in [
-                        (ScaleLayout::RowMajorF32, true),
-                        (ScaleLayout::PackedUe8m0, true),
-                    ] {
-                        push(bf16_in, out, Some(sf), clamp, None, false);
+                // Routing weights (TK_W 1) without the clamp, as upstream's benchmark.
+                let ws: &[bool] = if clamp == 0 { &[false, true] } else { &[false] };
+                for &weights in ws {
+                    push(bf16_in, SwigluOutFormat::BF16, None, clamp, None, weights);
+                    for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
+                        for sf in [
+                            (ScaleLayout::RowMajorF32, true),
+                            (ScaleLayout::PackedUe8m0, true),
+                        ] {
+                            push(bf16_in, out, Some(sf), clamp, None, weights);
+                        }
+                        let sf = Some((ScaleLayout::RowMajorF32, true));
+                        push(bf16_in, out, sf, clamp, Some((256, 2)), weights);
                     }
-                    let sf = Some((ScaleLayout::RowMajorF32, true));
-                    push(bf16_in, out, sf, clamp, Some((256, 2)), false);
                 }
             }
         }
