@@ -566,7 +566,11 @@ mod gpu {
                 // At most 64 registers: 4 CTAs (32 warps) per SM.
                 None => {
                     let t = self.tiled();
-                    let q4 = FP32_OUT_QUAD_COLUMNS && self.out == SwigluOutFormat::F32;
+                    let q4 = match self.out {
+                        SwigluOutFormat::F32 => FP32_OUT_QUAD_COLUMNS,
+                        SwigluOutFormat::BF16 => BF16_OUT_QUAD_COLUMNS,
+                        _ => false,
+                    };
                     s.define("TK_RPT", t.rpt)
                         .define("TK_FPL", t.fpl)
                         .define("TK_MINB", 4)
@@ -597,6 +601,11 @@ mod gpu {
     /// side by side); `false`: 8 or 16 adjacent columns per lane, whose 16-byte accesses each
     /// cover half of every sector (ncu on the H200: 50 % excessive sectors, L1 hit 57 %).
     const FP32_OUT_QUAD_COLUMNS: bool = true;
+
+    /// bf16 output: the same quad layout (`TK_Q4`; 8-byte loads and stores, a team's 8 or 16
+    /// lanes side by side); `false`: 16 adjacent columns per lane (two 16-byte stores, each
+    /// covering half of every sector of the lane group's span).
+    const BF16_OUT_QUAD_COLUMNS: bool = true;
 
     /// Kernels without routing weights are compiled without the weight code (`TK_W` 0: no
     /// `pos_to_token_topk` / `topk_weights` loads, no `· 1.0` per element, which the runtime
