@@ -256,6 +256,28 @@ constexpr bool Q4 = TK_Q4 != 0;
 static_assert(FPL == 1 || FPL == 2, "TK_FPL is 1 or 2");
 static_assert(!(Q4 && QUANT), "TK_Q4 is for plain (fp32 / bf16) outputs");
 
+#ifndef TK_PACKC
+#define TK_PACKC 0
+#endif
+// Layout C (packed UE8M0: 4 scale bytes per int32 along the scale columns) with every run a
+// full 4 tiles starting at a multiple of 4 (TK_CT 4, H / 128 a multiple of 4; the host's
+// choice): a run's 4 scale bytes of a row are one int32 of the storage, collected in a
+// register and stored once after the run (one 4-byte store and its index arithmetic per 4
+// tiles instead of a byte store per tile, whose ~30 instructions every warp issued for its
+// storing lanes).
+constexpr bool PACK_C = TK_PACKC != 0;
+static_assert(!PACK_C || (QUANT && TK_SF_OUT == 2 && TK_CT == 4), "TK_PACKC needs layout C and runs of 4 tiles");
+
+// Stores the int32 word w of layout C (4 scale bytes, scale column 4 c4 + k in byte k) of row
+// r, and zeros for the alignment rows N..ra when r is the last row (store_scale's padding for
+// these 4 columns; there are no padding columns: nbk = H / 128 is a multiple of 4).
+__device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 c4, u32 w) {
+    u32* s = reinterpret_cast<u32*>(p.sf);  // storage (nbk / 4, ra) int32 (a Ue8m0x4 tensor: 4-byte aligned)
+    s[c4 * p.ra + r] = w;
+    if (r + 1 == p.n)
+        for (u64 r2 = p.n; r2 < p.ra; ++r2) s[c4 * p.ra + r2] = 0;
+}
+
 // The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
 // [h IN_BYTES, (h + 1) IN_BYTES) of the raw fragment) is quad q = 2 f + h at columns
 // tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + 8 (FPL tl + f) + 4 h.
@@ -318,9 +340,11 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
     const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
     const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
     const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
+    const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
     u32 cnt[3] = {0, 0, 0};
     for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         const u64 r0 = tr * TR + team * RPT;  // first row of this team
+        u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
         RowInfo ri[RPT];                      // rows beyond N: not processed
 #pragma unroll
         for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
@@ -329,11 +353,12 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
 #pragma unroll
             for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
-        for (u64 tc = tc0; tc < tc1; ++tc) {
+        for (u32 k = 0; k < nt; ++k) {
+            const u64 tc = tc0 + k;  // column tile
             // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
             Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
             load_tile(p, r0, tc, tl, l, v);
-            if (TK_FWD_EARLY_LOAD && tc == tc0)
+            if (TK_FWD_EARLY_LOAD && k == 0)
 #pragma unroll
                 for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
             float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
@@ -367,8 +392,10 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
 #pragma unroll
             for (int i = 0; i < RPT; ++i)
                 if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
-            if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
+            if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
+            if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
+        if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
     }
     flush_counts(p, cnt);
 }

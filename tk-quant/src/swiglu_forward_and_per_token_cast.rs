@@ -571,15 +571,25 @@ mod gpu {
                         SwigluOutFormat::BF16 => BF16_OUT_QUAD_COLUMNS,
                         _ => false,
                     };
+                    let pack_c = PACK_C_SCALES
+                        && matches!(self.sf, Some((ScaleLayout::PackedUe8m0, _)))
+                        && t.col_tiles == 4
+                        && self.tiles % 4 == 0;
                     s.define("TK_RPT", t.rpt)
                         .define("TK_FPL", t.fpl)
                         .define("TK_MINB", 4)
                         .define("TK_CT", t.col_tiles)
                         .define("TK_Q4", q4 as u8)
+                        .define("TK_PACKC", pack_c as u8)
                 }
             }
         }
     }
+
+    /// Layout C scales with runs of 4 column tiles and `H / 128` a multiple of 4: a run's 4
+    /// scale bytes of a row are stored as one int32 after the run (`TK_PACKC`) instead of one
+    /// byte per tile; `false`: a byte store per tile.
+    const PACK_C_SCALES: bool = true;
 
     /// Clamp without counting by `min.NaN(l, C)`, `max.NaN(min.NaN(v, C), −C)` (`TK_CLAMP` 3:
     /// 3 instructions per pair instead of ~5 compares and selects) for every `C` but `−0.0`,
