@@ -177,6 +177,19 @@ __device__ __forceinline__ float fmin_nan(float a, float b) {
     return r;
 }
 
+// Elementwise min / max of two bf16 pairs (even element in the low half), NaN if either is NaN
+// (min.NaN / max.NaN.bf16x2: one HMNMX2 each; -0 < +0 as for fp32).
+__device__ __forceinline__ u32 bf16x2_min_nan(u32 a, u32 b) {
+    u32 r;
+    asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 bf16x2_max_nan(u32 a, u32 b) {
+    u32 r;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 // The clamp of §3.10 step 2 without flags, as min.NaN / max.NaN (3 FMNMX.NAN instead of ~5
 // FSETP / SEL per pair): l = min(l, C), v = max(min(v, C), -C). Bit for bit swiglu_clamp<true>
 // for every finite C whose sign bit is clear (the comparisons agree; equal values differ only

@@ -18,7 +18,8 @@
 //   TK_ROUND     (quantized) 1: power-of-two scales
 //   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
 //   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set); 3: clamp to C
-//                by min / max (tkq::swiglu_clamp_minmax; the host's choice for C != -0.0)
+//                by min / max (tkq::swiglu_clamp_minmax; the host's choice for C != -0.0);
+//                4: the same on the raw bf16 pairs before widening (bf16 input, C exact in bf16)
 //   TK_W         0: no routing weights (p.ptt is 0; no weight code); 1: weights if p.ptt
 //   TK_RPT       tiled path: rows per team
 //   TK_FPL       tiled path: 8-column fragments per lane and row (1 or 2; default 1); the
@@ -50,7 +51,7 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
-    float clamp;             // C (TK_CLAMP 1, 2)
+    float clamp;             // C (TK_CLAMP 1-4)
     float eps;               // amax clamp (sf_clamp_min or the format's)
 };
 
@@ -68,6 +69,7 @@ constexpr float QMAX = 448.0f;
 #endif
 
 constexpr int CLAMP = TK_CLAMP;
+static_assert(CLAMP != 4 || TK_IN == 1, "TK_CLAMP 4 clamps bf16 input");
 constexpr bool WEIGHTS = TK_W != 0;  // the routing-weight code is compiled (used if p.ptt)
 // 1: fl(1 + expf(-l)) on the inline-division path as one FFMA after expf's own steps
 // (tkq::one_plus_expf_neg, bit for bit); 0: expf then FADD. Not with the counting clamp
@@ -135,12 +137,27 @@ __device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words&
 // not used (store_out writes its zeros).
 __device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3]) {
     float l[8], v[8];  // (8,) gate and value
-    tkq::widen8<TK_IN>(lw, l);
-    tkq::widen8<TK_IN>(vw, v);
+    if constexpr (CLAMP == 4) {
+        // Two elements per HMNMX2: for C exact in bf16, min / max of the bf16 values are the
+        // fp32 ones (widening is exact and monotonic, a clamped element becomes C or -C
+        // exactly), so this is swiglu_clamp_minmax element for element.
+        const u32 c2 = tkq::bf16x2_bits(p.clamp, p.clamp), m2 = c2 ^ 0x80008000u;  // (C, C), (-C, -C)
+        Words lc, vc;  // clamped raw gate and value pairs
+#pragma unroll
+        for (int i = 0; i < IN_BYTES * 2; ++i) {
+            lc[i] = tkq::bf16x2_min_nan(lw[i], c2);
+            vc[i] = tkq::bf16x2_min_nan(tkq::bf16x2_max_nan(vw[i], m2), c2);
+        }
+        tkq::widen8<TK_IN>(lc, l);
+        tkq::widen8<TK_IN>(vc, v);
+    } else {
+        tkq::widen8<TK_IN>(lw, l);
+        tkq::widen8<TK_IN>(vw, v);
+    }
     if constexpr (CLAMP == 3) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) tkq::swiglu_clamp_minmax(l[j], v[j], p.clamp);
-    } else if constexpr (CLAMP != 0) {
+    } else if constexpr (CLAMP == 1 || CLAMP == 2) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const tkq::ClampFlags f = tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);

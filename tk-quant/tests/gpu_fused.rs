@@ -931,8 +931,9 @@ fn gpu_swiglu_forward_allocating_form_and_counter_accumulates() {
     );
 }
 
-/// The clamp without counting: `C` with a clear sign bit takes the kernels' min / max clamp,
-/// `C = -0.0` the select clamp (the two order the zeros differently), in the tiled paths (e4m3
+/// The clamp without counting: `C` with a clear sign bit takes the kernels' min / max clamp (on
+/// the bf16 pairs for 0.5 and 0, in fp32 for 0.3, which bf16 cannot hold), `C = -0.0` the
+/// select clamp (the two order the zeros differently), in the tiled paths (e4m3
 /// in layouts A and C, e2m1, bf16) and the whole-row path; every cast bit for bit against the
 /// downstream reference of the checked activation, and the fp32 output bit for bit that
 /// activation (the counting kernel's, checked against the reference by `check_forward`).
@@ -941,7 +942,8 @@ fn gpu_swiglu_forward_clamp_without_counts() {
     let Some(dev) = gpu_or_skip("gpu_swiglu_forward_clamp_without_counts") else {
         return;
     };
-    let table = ExpfTable::new(&dev, &[]);
+    // expf(-0.3): the clamped gate 0.3 is not a bf16 value.
+    let table = ExpfTable::new(&dev, &[-0.3]);
     let moe = MoeParams {
         num_send_tokens: 96,
         num_topk: 6,
@@ -952,7 +954,7 @@ fn gpu_swiglu_forward_clamp_without_counts() {
         let name = format!("swiglu_fwd clamp without counts H={h}");
         let data = moe_forward_data(&dev, &moe, h, &name);
         let (n, h) = (data.n(), data.h());
-        for c in [0.5f32, 0.0, -0.0] {
+        for c in [0.5f32, 0.3, 0.0, -0.0] {
             for (weights, pte) in [(false, false), (true, true)] {
                 let mut casts = vec![SwigluForwardParams::plain(SwigluOutFormat::BF16)];
                 for (fmt, npc, opts) in [
