@@ -592,7 +592,7 @@ mod gpu {
     /// byte per tile; `false`: a byte store per tile.
     const PACK_C_SCALES: bool = true;
 
-    /// Clamp without counting by `min.NaN(l, C)`, `max.NaN(min.NaN(v, C), −C)` (`TK_CLAMP` 3:
+    /// Clamp without counting by `min.NaN(l, C)`, `min.NaN(max.NaN(v, −C), C)` (`TK_CLAMP` 3:
     /// 3 instructions per pair instead of ~5 compares and selects) for every `C` but `−0.0`,
     /// where min / max order the zeros differently from the spec's comparisons (`TK_CLAMP` 1).
     const CLAMP_MIN_MAX: bool = true;
