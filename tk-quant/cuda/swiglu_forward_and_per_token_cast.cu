@@ -25,7 +25,7 @@
 //   TK_FPL       tiled path: 8-column fragments per lane and row (1 or 2; default 1); the
 //                host uses RPT x FPL = 2 for bf16 (RPT 1, FPL 2), 1 for fp32 input: 64 bytes
 //                of x in flight per lane
-//   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
+//   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers, 5: 48)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
 //   TK_Q4        tiled path, plain outputs: 1: a lane's columns are quads (4 columns) spaced
@@ -252,7 +252,7 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // reduces the rows' team maxima together (the RPT shuffle chains interleave). With FPL 2 a
 // row's per-tile costs (row offsets, log2(TEAM) shuffles, scale, row checks) are shared by 16
 // elements instead of 8, and the second fragment's addresses are the first's plus a constant.
-// At most 64 registers (TK_MINB 4) give 32 resident warps per SM.
+// At most 64 registers (TK_MINB 4) give 32 resident warps per SM, 48 (TK_MINB 5) 40.
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_CT
 #define TK_CT 1

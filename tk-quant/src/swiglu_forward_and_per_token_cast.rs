@@ -564,7 +564,6 @@ mod gpu {
             };
             match self.whole_row {
                 Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
-                // At most 64 registers: 4 CTAs (32 warps) per SM.
                 None => {
                     let t = self.tiled();
                     let q4 = match self.out {
@@ -578,7 +577,14 @@ mod gpu {
                         && self.tiles % 4 == 0;
                     s.define("TK_RPT", t.rpt)
                         .define("TK_FPL", t.fpl)
-                        .define("TK_MINB", 4)
+                        .define(
+                            "TK_MINB",
+                            if self.sf.is_some() {
+                                FWD_QUANT_MIN_BLOCKS
+                            } else {
+                                FWD_PLAIN_MIN_BLOCKS
+                            },
+                        )
                         .define("TK_CT", t.col_tiles)
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
@@ -586,6 +592,14 @@ mod gpu {
             }
         }
     }
+
+    /// CTAs per SM the tiled kernels are compiled for (`__launch_bounds__(256, TK_MINB)`), for
+    /// quantized and plain outputs: 5 caps them at 48 registers, 40 warps per SM (sm_90a: no
+    /// spills in any specialisation, the hot loop's instruction count within 2 of the
+    /// 64-register build); 4: 64 registers, 32 warps (main `219ed73`). 6 (40 registers)
+    /// spills 4-30 bytes.
+    const FWD_QUANT_MIN_BLOCKS: usize = 5;
+    const FWD_PLAIN_MIN_BLOCKS: usize = 5;
 
     /// Layout C scales with runs of 4 column tiles and `H / 128` a multiple of 4: a run's 4
     /// scale bytes of a row are stored as one int32 after the run (`TK_PACKC`) instead of one
