@@ -543,6 +543,20 @@ mod gpu {
             }
         }
 
+        /// `TK_MINB` of the tiled path: [`FWD_QUANT_MIN_BLOCKS`] / [`FWD_PLAIN_MIN_BLOCKS`],
+        /// but 4 for the select clamp without counting (`TK_CLAMP` 1: only `C = -0.0` when
+        /// [`CLAMP_MIN_MAX`]), whose H = 1280 layout-C kernel spills 8 bytes at 48 registers on
+        /// sm_100a.
+        fn min_blocks(&self) -> usize {
+            if self.clamp == 1 && CLAMP_MIN_MAX {
+                4
+            } else if self.sf.is_some() {
+                FWD_QUANT_MIN_BLOCKS
+            } else {
+                FWD_PLAIN_MIN_BLOCKS
+            }
+        }
+
         pub(crate) fn spec(&self) -> KernelSpec {
             let out = match self.out {
                 SwigluOutFormat::F32 => 0,
@@ -577,14 +591,7 @@ mod gpu {
                         && self.tiles % 4 == 0;
                     s.define("TK_RPT", t.rpt)
                         .define("TK_FPL", t.fpl)
-                        .define(
-                            "TK_MINB",
-                            if self.sf.is_some() {
-                                FWD_QUANT_MIN_BLOCKS
-                            } else {
-                                FWD_PLAIN_MIN_BLOCKS
-                            },
-                        )
+                        .define("TK_MINB", self.min_blocks())
                         .define("TK_CT", t.col_tiles)
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
