@@ -28,9 +28,9 @@
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers, 5: 48)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
-//   TK_Q4        tiled path, plain outputs: 1: a lane's columns are quads (4 columns) spaced
+//   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
-//                sectors (fp32 output: 16-byte stores side by side); 0: 8 FPL adjacent columns
+//                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
 //   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
 //                fragments per thread; undefined: the tiled path (groups of 128 columns)
 #include "tk/fused_io.cuh"
@@ -71,13 +71,6 @@ constexpr float QMAX = 448.0f;
 constexpr int CLAMP = TK_CLAMP;
 static_assert(CLAMP != 4 || TK_IN == 1, "TK_CLAMP 4 clamps bf16 input");
 constexpr bool WEIGHTS = TK_W != 0;  // the routing-weight code is compiled (used if p.ptt)
-// 1: fl(1 + expf(-l)) on the inline-division path as one FFMA after expf's own steps
-// (tkq::one_plus_expf_neg, bit for bit); 0: expf then FADD. Not with the counting clamp
-// (TK_CLAMP 2), where it spilled 36 bytes at 64 registers (sm_90a).
-#define TK_FWD_EXP_FMA 1
-// 1: a fragment's division-range check before its inline divisions (tkq::swiglu_act8
-// CHECK_FIRST); 0: the quotients first, recomputed if the check fails.
-#define TK_FWD_CHECK_FIRST 1
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
@@ -168,7 +161,7 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
             }
         }
     }
-    tkq::swiglu_act8<TK_FWD_EXP_FMA != 0 && CLAMP != 2, TK_FWD_CHECK_FIRST != 0>(l, v, a);
+    tkq::swiglu_act8(l, v, a);
     if (WEIGHTS && p.ptt)
 #pragma unroll
         for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
@@ -263,15 +256,11 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 #ifndef TK_Q4
 #define TK_Q4 0
 #endif
-// 1: the routing weights are looked up after the first column tile's x loads are issued, so
-// the dependent pos_to_token_topk -> topk_weights chain overlaps them (0: before the column
-// loop, and the first tile's loads wait for the pos_to_token_topk entry).
-#define TK_FWD_EARLY_LOAD 1
 constexpr int RPT = TK_RPT, FPL = TK_FPL, NS = RPT * FPL;  // NS fragments (slots) per lane
 constexpr int TC = 128, TEAM = TC / (8 * FPL), TEAMS = 256 / TEAM, TR = TEAMS * RPT;
 constexpr bool Q4 = TK_Q4 != 0;
 static_assert(FPL == 1 || FPL == 2, "TK_FPL is 1 or 2");
-static_assert(!(Q4 && QUANT), "TK_Q4 is for plain (fp32 / bf16) outputs");
+static_assert(!Q4 || TK_OUT == 0, "TK_Q4 is for fp32 output");
 
 #ifndef TK_PACKC
 #define TK_PACKC 0
@@ -333,9 +322,9 @@ __device__ __forceinline__ void load_tile(const Params& p, u64 r0, u64 tc, u32 t
 }
 
 // Stores the lane's activations a (FPL fragments) of row r in column tile tc (store_outs, or
-// with TK_Q4 one 16-byte (fp32) / 8-byte (bf16) store per quad).
+// with TK_Q4 one 16-byte store per quad).
 __device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 r, u64 tc, u32 tl, const float (&a)[FPL][8], float inv) {
-#if TK_Q4  // plain outputs only (Plain8)
+#if TK_Q4  // fp32 output only
     {
         constexpr int QW = OUT_WORDS / 2, QB = QW * 4;  // words and bytes of a quad's output
         u32 w[FPL * OUT_WORDS];                         // (FPL OUT_WORDS,) packed output, quad q at words q QW
@@ -343,7 +332,7 @@ __device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 
         for (int f = 0; f < FPL; ++f) tkq::pack8_plain<TK_OUT>(a[f], *reinterpret_cast<u32 (*)[OUT_WORDS]>(w + f * OUT_WORDS));
 #pragma unroll
         for (int j = 0; j < FPL * OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
-        u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + lane_col(tc, tl)) / 4 * QB;  // (N, H) fp32 / bf16
+        u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + lane_col(tc, tl)) / 4 * QB;  // (N, H) fp32
 #pragma unroll
         for (int q = 0; q < 2 * FPL; ++q) tkq::store_bytes<QB, VECIO>(out + q * TEAM * QB, *reinterpret_cast<const u32 (*)[QW]>(w + q * QW));
     }
@@ -366,18 +355,14 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
 #pragma unroll
         for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
         float w[RPT];  // (RPT,) routing weights
-        if constexpr (!TK_FWD_EARLY_LOAD)
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+        for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
         for (u32 k = 0; k < nt; ++k) {
             const u64 tc = tc0 + k;  // column tile
             // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
             Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
             load_tile(p, r0, tc, tl, l, v);
-            if (TK_FWD_EARLY_LOAD && k == 0)
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
             float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
 #pragma unroll
             for (int s = 0; s < NS; ++s)

@@ -487,7 +487,10 @@ mod gpu {
         /// The clamp: 0 none, 1 clamp, 2 clamp and count, 3 / 4 clamp by min / max in fp32 / on bf16
         /// pairs ([`clamp_code`]).
         pub clamp: u8,
-        /// Routing weights given (`TK_W`; selects the tiled path's shape for fp32 output).
+        /// Routing weights given (`TK_W`; selects the tiled path's shape for fp32 output). Kernels
+        /// without them are compiled without the weight code (no `pos_to_token_topk` /
+        /// `topk_weights` loads, no `· 1.0` per element; measured 1.007x geomean, e4m3 rows
+        /// 1.011-1.020x, meas31).
         pub weights: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
@@ -544,11 +547,11 @@ mod gpu {
         }
 
         /// `TK_MINB` of the tiled path: [`FWD_QUANT_MIN_BLOCKS`] / [`FWD_PLAIN_MIN_BLOCKS`],
-        /// but 4 for the select clamp without counting (`TK_CLAMP` 1: only `C = -0.0` when
-        /// [`CLAMP_MIN_MAX`]), whose H = 1280 layout-C kernel spills 8 bytes at 48 registers on
+        /// but 4 for the select clamp without counting (`TK_CLAMP` 1: only `C = -0.0`, see
+        /// [`clamp_code`]), whose H = 1280 layout-C kernel spills 8 bytes at 48 registers on
         /// sm_100a.
         fn min_blocks(&self) -> usize {
-            if self.clamp == 1 && CLAMP_MIN_MAX {
+            if self.clamp == 1 {
                 4
             } else if self.sf.is_some() {
                 FWD_QUANT_MIN_BLOCKS
@@ -569,7 +572,7 @@ mod gpu {
                 .define("TK_OUT", out)
                 .define("TK_VECIO", self.vecio as u8)
                 .define("TK_CLAMP", self.clamp)
-                .define("TK_W", (self.weights || !WEIGHTS_SPECIALISED) as u8);
+                .define("TK_W", self.weights as u8);
             let s = match self.sf {
                 Some((layout, round)) => s
                     .define("TK_SF_OUT", layout_code(layout))
@@ -580,13 +583,17 @@ mod gpu {
                 Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
                 None => {
                     let t = self.tiled();
-                    let q4 = match self.out {
-                        SwigluOutFormat::F32 => FP32_OUT_QUAD_COLUMNS,
-                        SwigluOutFormat::BF16 => BF16_OUT_QUAD_COLUMNS,
-                        _ => false,
-                    };
-                    let pack_c = PACK_C_SCALES
-                        && matches!(self.sf, Some((ScaleLayout::PackedUe8m0, _)))
+                    // fp32 output: a lane's columns are quads of 4 spaced by the team width, so
+                    // each load and store instruction of a team covers whole 32-byte sectors
+                    // (16-byte stores side by side) instead of half of every sector (ncu on the
+                    // H200: 50 % excessive sectors, L1 hit 57 %). Measured 1.026x geomean, fp32
+                    // with routing weights 1.324x (meas31). Tried for bf16 output too (8-byte
+                    // accesses): 0.996x, removed.
+                    let q4 = self.out == SwigluOutFormat::F32;
+                    // Layout C with runs of 4 column tiles and `H / 128` a multiple of 4: a run's
+                    // 4 scale bytes of a row are stored as one int32 after the run instead of one
+                    // byte per tile (measured 1.027x, meas31).
+                    let pack_c = matches!(self.sf, Some((ScaleLayout::PackedUe8m0, _)))
                         && t.col_tiles == 4
                         && self.tiles % 4 == 0;
                     s.define("TK_RPT", t.rpt)
@@ -603,33 +610,25 @@ mod gpu {
     /// CTAs per SM the tiled kernels are compiled for (`__launch_bounds__(256, TK_MINB)`), for
     /// quantized and plain outputs: 5 caps them at 48 registers, 40 warps per SM (sm_90a: no
     /// spills in any specialisation, the hot loop's instruction count within 2 of the
-    /// 64-register build); 4: 64 registers, 32 warps (main `219ed73`). 6 (40 registers)
-    /// spills 4-30 bytes.
+    /// 64-register build); measured 1.027x faster (geomean, meas31) than 4 (64 registers, 32
+    /// warps; main `219ed73`). 6 (40 registers) spills 4-30 bytes.
     const FWD_QUANT_MIN_BLOCKS: usize = 5;
     const FWD_PLAIN_MIN_BLOCKS: usize = 5;
 
-    /// Layout C scales with runs of 4 column tiles and `H / 128` a multiple of 4: a run's 4
-    /// scale bytes of a row are stored as one int32 after the run (`TK_PACKC`) instead of one
-    /// byte per tile; `false`: a byte store per tile.
-    const PACK_C_SCALES: bool = true;
-
-    /// Clamp without counting by `min.NaN(l, C)`, `min.NaN(max.NaN(v, −C), C)` (`TK_CLAMP` 3:
-    /// 3 instructions per pair instead of ~5 compares and selects) for every `C` but `−0.0`,
-    /// where min / max order the zeros differently from the spec's comparisons (`TK_CLAMP` 1).
-    const CLAMP_MIN_MAX: bool = true;
-
-    /// bf16 input with `C` exact in bf16: the min / max clamp on the raw bf16 pairs before
-    /// widening (`TK_CLAMP` 4: 1.5 instead of 3 instructions per element); `false`: in fp32.
-    const BF16_PAIR_CLAMP: bool = true;
-
-    /// The kernel's `TK_CLAMP` for clamp `c`, counting and bf16 input.
+    /// The kernel's `TK_CLAMP` for clamp `c`, counting and bf16 input. Without counting, every
+    /// `C` but `−0.0` clamps by `min.NaN(l, C)`, `min.NaN(max.NaN(v, −C), C)` (3: 3
+    /// instructions per pair instead of ~5 compares and selects; measured 1.029x geomean, up to
+    /// 1.101x, meas31), and with bf16 input and `C` exact in bf16 on the raw bf16 pairs before
+    /// widening (4: 1.5 instead of 3 instructions per element; 1.010x, up to 1.038x). `C =
+    /// −0.0` keeps the compares and selects (1): min / max order the zeros differently from the
+    /// spec's comparisons there.
     fn clamp_code(c: Option<f32>, count: bool, bf16_in: bool) -> u8 {
         match (c, count) {
             (None, _) => 0,
             (Some(_), true) => 2,
-            (Some(c), false) if CLAMP_MIN_MAX && c.is_sign_positive() => {
+            (Some(c), false) if c.is_sign_positive() => {
                 // A finite fp32 is exact in bf16 iff its low 16 bits are zero.
-                if BF16_PAIR_CLAMP && bf16_in && c.to_bits() & 0xFFFF == 0 {
+                if bf16_in && c.to_bits() & 0xFFFF == 0 {
                     4
                 } else {
                     3
@@ -638,22 +637,6 @@ mod gpu {
             (Some(_), false) => 1,
         }
     }
-
-    /// fp32 output: a lane's columns are quads of 4 spaced by the team width (`TK_Q4`), so each
-    /// load and store instruction of a team covers whole 32-byte sectors (16-byte fp32 stores
-    /// side by side); `false`: 8 or 16 adjacent columns per lane, whose 16-byte accesses each
-    /// cover half of every sector (ncu on the H200: 50 % excessive sectors, L1 hit 57 %).
-    const FP32_OUT_QUAD_COLUMNS: bool = true;
-
-    /// bf16 output: the same quad layout (`TK_Q4`; 8-byte loads and stores, a team's 8 or 16
-    /// lanes side by side); `false`: 16 adjacent columns per lane (two 16-byte stores, each
-    /// covering half of every sector of the lane group's span).
-    const BF16_OUT_QUAD_COLUMNS: bool = true;
-
-    /// Kernels without routing weights are compiled without the weight code (`TK_W` 0: no
-    /// `pos_to_token_topk` / `topk_weights` loads, no `· 1.0` per element, which the runtime
-    /// check compiled to); `false`: one kernel for both (`TK_W` 1, the weights used if given).
-    const WEIGHTS_SPECIALISED: bool = true;
 
     /// The kernels' code of a scale layout (A 0, B 1, C 2).
     pub(crate) fn layout_code(layout: ScaleLayout) -> u8 {

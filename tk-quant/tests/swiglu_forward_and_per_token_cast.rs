@@ -727,10 +727,11 @@ fn min_max_clamp_model_matches_the_select_clamp() {
     }
 }
 
-/// The fp32 / bf16-output quad layout (`TK_Q4`): for teams of `16 / FPL` lanes with `FPL`
+/// The fp32-output quad layout (`TK_Q4`): for teams of `16 / FPL` lanes with `FPL`
 /// 8-column fragments each, fragment `f` element `j` of lane `tl` is column
 /// `4 ((2 f + j / 4) TEAM + tl) + j % 4` of the 128-column tile (loaded from and stored to the
-/// same column, raw words `[j / 4 IN_BYTES, ...)` of the fragment): every column exactly once.
+/// same column, raw words `[j / 4 IN_BYTES, ...)` of the fragment; bf16 or fp32 input): every
+/// column exactly once.
 #[test]
 fn quad_lane_layout_covers_every_column_once() {
     for fpl in [1usize, 2] {
@@ -742,7 +743,8 @@ fn quad_lane_layout_covers_every_column_once() {
                     let q = 2 * f + j / 4;
                     let col = 4 * (q * team + tl) + j % 4;
                     seen[col] += 1;
-                    // store: byte offset (lane_col / 4) QB + q TEAM QB + (j % 4) element bytes
+                    // load (bf16 / fp32 input) and fp32 store: byte offset
+                    // (lane_col / 4) QB + q TEAM QB + (j % 4) element bytes
                     for elem_bytes in [2usize, 4] {
                         let qb = 4 * elem_bytes;
                         let at = (4 * tl) / 4 * qb + q * team * qb + (j % 4) * elem_bytes;
