@@ -17,14 +17,20 @@
 //   TK_SF_OUT    (quantized) 0 layout A, 1 layout B, 2 layout C
 //   TK_ROUND     (quantized) 1: power-of-two scales
 //   TK_VECIO     1: vector accesses (every row start 16-byte aligned); 0: bytewise
-//   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set)
+//   TK_CLAMP     0: no clamp; 1: clamp to C; 2: clamp and count (p.count set); 3: clamp to C
+//                by min / max (tkq::swiglu_clamp_minmax; the host's choice for C != -0.0);
+//                4: the same on the raw bf16 pairs before widening (bf16 input, C exact in bf16)
+//   TK_W         0: no routing weights (p.ptt is 0; no weight code); 1: weights if p.ptt
 //   TK_RPT       tiled path: rows per team
 //   TK_FPL       tiled path: 8-column fragments per lane and row (1 or 2; default 1); the
 //                host uses RPT x FPL = 2 for bf16 (RPT 1, FPL 2), 1 for fp32 input: 64 bytes
 //                of x in flight per lane
-//   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers)
+//   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers, 5: 48)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
+//   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
+//                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
+//                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
 //   TK_THREADS, TK_NF  whole-row path (one scale per row, npc == H): threads per CTA and
 //                fragments per thread; undefined: the tiled path (groups of 128 columns)
 #include "tk/fused_io.cuh"
@@ -45,7 +51,7 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
-    float clamp;             // C (TK_CLAMP 1, 2)
+    float clamp;             // C (TK_CLAMP 1-4)
     float eps;               // amax clamp (sf_clamp_min or the format's)
 };
 
@@ -63,6 +69,8 @@ constexpr float QMAX = 448.0f;
 #endif
 
 constexpr int CLAMP = TK_CLAMP;
+static_assert(CLAMP != 4 || TK_IN == 1, "TK_CLAMP 4 clamps bf16 input");
+constexpr bool WEIGHTS = TK_W != 0;  // the routing-weight code is compiled (used if p.ptt)
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
@@ -75,7 +83,7 @@ struct RowInfo {
 __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
     RowInfo ri{true, -1};
     if (p.pte) ri.processed = reinterpret_cast<const i32*>(p.pte)[r * p.pte_s] >= 0;
-    if (p.ptt) ri.slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
+    if (WEIGHTS && p.ptt) ri.slot = reinterpret_cast<const i32*>(p.ptt)[r * p.ptt_s];
     return ri;
 }
 
@@ -86,7 +94,7 @@ __device__ __forceinline__ RowInfo row_info(const Params& p, u64 r) {
 // ~70-instruction call once per row); k >= 2^32 is clamped to 2^32 - 1 > slot, which gives the
 // same (0, slot).
 __device__ __forceinline__ float row_weight(const Params& p, i32 slot) {
-    if (!p.ptt) return 1.0f;
+    if (!WEIGHTS || !p.ptt) return 1.0f;
     const bool ok = slot >= 0 && (u64)slot < p.tw_len;
     const u32 q = ok ? (u32)slot : 0u;
     u64 at;  // element offset of topk_weights.flat[q]
@@ -122,9 +130,27 @@ __device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words&
 // not used (store_out writes its zeros).
 __device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3]) {
     float l[8], v[8];  // (8,) gate and value
-    tkq::widen8<TK_IN>(lw, l);
-    tkq::widen8<TK_IN>(vw, v);
-    if constexpr (CLAMP != 0) {
+    if constexpr (CLAMP == 4) {
+        // Two elements per HMNMX2: for C exact in bf16, min / max of the bf16 values are the
+        // fp32 ones (widening is exact and monotonic, a clamped element becomes C or -C
+        // exactly), so this is swiglu_clamp_minmax element for element.
+        const u32 c2 = tkq::bf16x2_bits(p.clamp, p.clamp), m2 = c2 ^ 0x80008000u;  // (C, C), (-C, -C)
+        Words lc, vc;  // clamped raw gate and value pairs
+#pragma unroll
+        for (int i = 0; i < IN_BYTES * 2; ++i) {
+            lc[i] = tkq::bf16x2_min_nan(lw[i], c2);
+            vc[i] = tkq::bf16x2_min_nan(tkq::bf16x2_max_nan(vw[i], m2), c2);
+        }
+        tkq::widen8<TK_IN>(lc, l);
+        tkq::widen8<TK_IN>(vc, v);
+    } else {
+        tkq::widen8<TK_IN>(lw, l);
+        tkq::widen8<TK_IN>(vw, v);
+    }
+    if constexpr (CLAMP == 3) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) tkq::swiglu_clamp_minmax(l[j], v[j], p.clamp);
+    } else if constexpr (CLAMP == 1 || CLAMP == 2) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const tkq::ClampFlags f = tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
@@ -136,7 +162,7 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
         }
     }
     tkq::swiglu_act8(l, v, a);
-    if (p.ptt)
+    if (WEIGHTS && p.ptt)
 #pragma unroll
         for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
 }
@@ -219,7 +245,7 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // reduces the rows' team maxima together (the RPT shuffle chains interleave). With FPL 2 a
 // row's per-tile costs (row offsets, log2(TEAM) shuffles, scale, row checks) are shared by 16
 // elements instead of 8, and the second fragment's addresses are the first's plus a constant.
-// At most 64 registers (TK_MINB 4) give 32 resident warps per SM.
+// At most 64 registers (TK_MINB 4) give 32 resident warps per SM, 48 (TK_MINB 5) 40.
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_CT
 #define TK_CT 1
@@ -227,18 +253,104 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 #ifndef TK_FPL
 #define TK_FPL 1
 #endif
+#ifndef TK_Q4
+#define TK_Q4 0
+#endif
 constexpr int RPT = TK_RPT, FPL = TK_FPL, NS = RPT * FPL;  // NS fragments (slots) per lane
 constexpr int TC = 128, TEAM = TC / (8 * FPL), TEAMS = 256 / TEAM, TR = TEAMS * RPT;
+constexpr bool Q4 = TK_Q4 != 0;
 static_assert(FPL == 1 || FPL == 2, "TK_FPL is 1 or 2");
+static_assert(!Q4 || TK_OUT == 0, "TK_Q4 is for fp32 output");
+
+#ifndef TK_PACKC
+#define TK_PACKC 0
+#endif
+// Layout C (packed UE8M0: 4 scale bytes per int32 along the scale columns) with every run a
+// full 4 tiles starting at a multiple of 4 (TK_CT 4, H / 128 a multiple of 4; the host's
+// choice): a run's 4 scale bytes of a row are one int32 of the storage, collected in a
+// register and stored once after the run (one 4-byte store and its index arithmetic per 4
+// tiles instead of a byte store per tile, whose ~30 instructions every warp issued for its
+// storing lanes).
+constexpr bool PACK_C = TK_PACKC != 0;
+static_assert(!PACK_C || (QUANT && TK_SF_OUT == 2 && TK_CT == 4), "TK_PACKC needs layout C and runs of 4 tiles");
+
+// Stores the int32 word w of layout C (4 scale bytes, scale column 4 c4 + k in byte k) of row
+// r, and zeros for the alignment rows N..ra when r is the last row (store_scale's padding for
+// these 4 columns; there are no padding columns: nbk = H / 128 is a multiple of 4).
+__device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 c4, u32 w) {
+    u32* s = reinterpret_cast<u32*>(p.sf);  // storage (nbk / 4, ra) int32 (a Ue8m0x4 tensor: 4-byte aligned)
+    s[c4 * p.ra + r] = w;
+    if (r + 1 == p.n)
+        for (u64 r2 = p.n; r2 < p.ra; ++r2) s[c4 * p.ra + r2] = 0;
+}
+
+// The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
+// [h IN_BYTES, (h + 1) IN_BYTES) of the raw fragment) is quad q = 2 f + h at columns
+// tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + 8 (FPL tl + f) + 4 h.
+__device__ __forceinline__ u64 lane_col(u64 tc, u32 tl) {
+    return tc * TC + (Q4 ? 4 * tl : 8 * FPL * tl);
+}
+
+// Loads the raw gate and value fragments of the lane in row r, column tile tc.
+__device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl, Words (&l)[FPL], Words (&v)[FPL]) {
+    if constexpr (Q4) {
+        const u8* gate = reinterpret_cast<const u8*>(p.x) + (r * p.ldx + lane_col(tc, tl)) * IN_BYTES;  // (2H - c,) elements
+        const u8* val = gate + p.h * IN_BYTES;                                                           // (H - c,) elements
+#pragma unroll
+        for (int q = 0; q < 2 * FPL; ++q) {
+            const int off = q * TEAM * 4 * IN_BYTES;  // quad q's byte offset from the lane's first column
+            tkq::load_bytes<IN_BYTES * 4, VECIO>(gate + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(l[q / 2] + (q % 2) * IN_BYTES));
+            tkq::load_bytes<IN_BYTES * 4, VECIO>(val + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(v[q / 2] + (q % 2) * IN_BYTES));
+        }
+    } else {
+        load_pairs<FPL>(p, r, lane_col(tc, tl), l, v);
+    }
+}
+
+// Loads the lane's fragments of the team's RPT rows from r0 in column tile tc (rows beyond N:
+// zeros, never stored).
+__device__ __forceinline__ void load_tile(const Params& p, u64 r0, u64 tc, u32 tl, Words (&l)[RPT][FPL], Words (&v)[RPT][FPL]) {
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        if (r0 + i < p.n) load_lane(p, r0 + i, tc, tl, l[i], v[i]);
+        else
+#pragma unroll
+            for (int f = 0; f < FPL; ++f)
+#pragma unroll
+                for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
+    }
+}
+
+// Stores the lane's activations a (FPL fragments) of row r in column tile tc (store_outs, or
+// with TK_Q4 one 16-byte store per quad).
+__device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 r, u64 tc, u32 tl, const float (&a)[FPL][8], float inv) {
+#if TK_Q4  // fp32 output only
+    {
+        constexpr int QW = OUT_WORDS / 2, QB = QW * 4;  // words and bytes of a quad's output
+        u32 w[FPL * OUT_WORDS];                         // (FPL OUT_WORDS,) packed output, quad q at words q QW
+#pragma unroll
+        for (int f = 0; f < FPL; ++f) tkq::pack8_plain<TK_OUT>(a[f], *reinterpret_cast<u32 (*)[OUT_WORDS]>(w + f * OUT_WORDS));
+#pragma unroll
+        for (int j = 0; j < FPL * OUT_WORDS; ++j) w[j] = processed ? w[j] : 0u;
+        u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + lane_col(tc, tl)) / 4 * QB;  // (N, H) fp32
+#pragma unroll
+        for (int q = 0; q < 2 * FPL; ++q) tkq::store_bytes<QB, VECIO>(out + q * TEAM * QB, *reinterpret_cast<const u32 (*)[QW]>(w + q * QW));
+    }
+#else
+    store_outs<FPL>(p, processed, r, lane_col(tc, tl), a, inv);
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
     const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
     const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
     const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
+    const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
     u32 cnt[3] = {0, 0, 0};
     for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         const u64 r0 = tr * TR + team * RPT;  // first row of this team
+        u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
         RowInfo ri[RPT];                      // rows beyond N: not processed
 #pragma unroll
         for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
@@ -246,19 +358,11 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
 #pragma unroll
         for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
-        for (u64 tc = tc0; tc < tc1; ++tc) {
-            // Slot s = i FPL + f: row r0 + i, columns c0 + 8 f ..
-            const u64 c0 = tc * TC + tl * (8 * FPL);  // first column of this lane's fragments
-            Words l[RPT][FPL], v[RPT][FPL];           // (RPT rows, FPL) raw gate and value fragments, all in flight
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                if (r0 + i < p.n) load_pairs<FPL>(p, r0 + i, c0, l[i], v[i]);
-                else
-#pragma unroll
-                    for (int f = 0; f < FPL; ++f)
-#pragma unroll
-                        for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
-            }
+        for (u32 k = 0; k < nt; ++k) {
+            const u64 tc = tc0 + k;  // column tile
+            // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
+            Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
+            load_tile(p, r0, tc, tl, l, v);
             float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
 #pragma unroll
             for (int s = 0; s < NS; ++s)
@@ -289,9 +393,11 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             }
 #pragma unroll
             for (int i = 0; i < RPT; ++i)
-                if (r0 + i < p.n) store_outs<FPL>(p, ri[i].processed, r0 + i, c0, a[i], inv[i]);
-            if (QUANT && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
+                if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
+            if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
+            if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
+        if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
     }
     flush_counts(p, cnt);
 }

@@ -484,9 +484,13 @@ mod gpu {
         /// Scale layout and rounding (quantized formats).
         pub sf: Option<(ScaleLayout, bool)>,
         pub vecio: bool,
-        /// The clamp: 0 none, 1 clamp, 2 clamp and count.
+        /// The clamp: 0 none, 1 clamp, 2 clamp and count, 3 / 4 clamp by min / max in fp32 / on bf16
+        /// pairs ([`clamp_code`]).
         pub clamp: u8,
-        /// Routing weights given (selects the tiled path's shape for fp32 output).
+        /// Routing weights given (`TK_W`; selects the tiled path's shape for fp32 output). Kernels
+        /// without them are compiled without the weight code (no `pos_to_token_topk` /
+        /// `topk_weights` loads, no `· 1.0` per element; measured 1.007x geomean, e4m3 rows
+        /// 1.011-1.020x, meas31).
         pub weights: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
@@ -542,6 +546,20 @@ mod gpu {
             }
         }
 
+        /// `TK_MINB` of the tiled path: [`FWD_QUANT_MIN_BLOCKS`] / [`FWD_PLAIN_MIN_BLOCKS`],
+        /// but 4 for the select clamp without counting (`TK_CLAMP` 1: only `C = -0.0`, see
+        /// [`clamp_code`]), whose H = 1280 layout-C kernel spills 8 bytes at 48 registers on
+        /// sm_100a.
+        fn min_blocks(&self) -> usize {
+            if self.clamp == 1 {
+                4
+            } else if self.sf.is_some() {
+                FWD_QUANT_MIN_BLOCKS
+            } else {
+                FWD_PLAIN_MIN_BLOCKS
+            }
+        }
+
         pub(crate) fn spec(&self) -> KernelSpec {
             let out = match self.out {
                 SwigluOutFormat::F32 => 0,
@@ -553,7 +571,8 @@ mod gpu {
                 .define("TK_IN", self.bf16_in as u8)
                 .define("TK_OUT", out)
                 .define("TK_VECIO", self.vecio as u8)
-                .define("TK_CLAMP", self.clamp);
+                .define("TK_CLAMP", self.clamp)
+                .define("TK_W", self.weights as u8);
             let s = match self.sf {
                 Some((layout, round)) => s
                     .define("TK_SF_OUT", layout_code(layout))
@@ -562,15 +581,60 @@ mod gpu {
             };
             match self.whole_row {
                 Some((threads, nf)) => s.define("TK_THREADS", threads).define("TK_NF", nf),
-                // At most 64 registers: 4 CTAs (32 warps) per SM.
                 None => {
                     let t = self.tiled();
+                    // fp32 output: a lane's columns are quads of 4 spaced by the team width, so
+                    // each load and store instruction of a team covers whole 32-byte sectors
+                    // (16-byte stores side by side) instead of half of every sector (ncu on the
+                    // H200: 50 % excessive sectors, L1 hit 57 %). Measured 1.026x geomean, fp32
+                    // with routing weights 1.324x (meas31). Tried for bf16 output too (8-byte
+                    // accesses): 0.996x, removed.
+                    let q4 = self.out == SwigluOutFormat::F32;
+                    // Layout C with runs of 4 column tiles and `H / 128` a multiple of 4: a run's
+                    // 4 scale bytes of a row are stored as one int32 after the run instead of one
+                    // byte per tile (measured 1.027x, meas31).
+                    let pack_c = matches!(self.sf, Some((ScaleLayout::PackedUe8m0, _)))
+                        && t.col_tiles == 4
+                        && self.tiles % 4 == 0;
                     s.define("TK_RPT", t.rpt)
                         .define("TK_FPL", t.fpl)
-                        .define("TK_MINB", 4)
+                        .define("TK_MINB", self.min_blocks())
                         .define("TK_CT", t.col_tiles)
+                        .define("TK_Q4", q4 as u8)
+                        .define("TK_PACKC", pack_c as u8)
                 }
             }
+        }
+    }
+
+    /// CTAs per SM the tiled kernels are compiled for (`__launch_bounds__(256, TK_MINB)`), for
+    /// quantized and plain outputs: 5 caps them at 48 registers, 40 warps per SM (sm_90a: no
+    /// spills in any specialisation, the hot loop's instruction count within 2 of the
+    /// 64-register build); measured 1.027x faster (geomean, meas31) than 4 (64 registers, 32
+    /// warps; main `219ed73`). 6 (40 registers) spills 4-30 bytes.
+    const FWD_QUANT_MIN_BLOCKS: usize = 5;
+    const FWD_PLAIN_MIN_BLOCKS: usize = 5;
+
+    /// The kernel's `TK_CLAMP` for clamp `c`, counting and bf16 input. Without counting, every
+    /// `C` but `−0.0` clamps by `min.NaN(l, C)`, `min.NaN(max.NaN(v, −C), C)` (3: 3
+    /// instructions per pair instead of ~5 compares and selects; measured 1.029x geomean, up to
+    /// 1.101x, meas31), and with bf16 input and `C` exact in bf16 on the raw bf16 pairs before
+    /// widening (4: 1.5 instead of 3 instructions per element; 1.010x, up to 1.038x). `C =
+    /// −0.0` keeps the compares and selects (1): min / max order the zeros differently from the
+    /// spec's comparisons there.
+    fn clamp_code(c: Option<f32>, count: bool, bf16_in: bool) -> u8 {
+        match (c, count) {
+            (None, _) => 0,
+            (Some(_), true) => 2,
+            (Some(c), false) if c.is_sign_positive() => {
+                // A finite fp32 is exact in bf16 iff its low 16 bits are zero.
+                if bf16_in && c.to_bits() & 0xFFFF == 0 {
+                    4
+                } else {
+                    3
+                }
+            }
+            (Some(_), false) => 1,
         }
     }
 
@@ -602,8 +666,9 @@ mod gpu {
     }
 
     /// The specialisations the tests and benchmarks launch: bf16 and fp32 input to every
-    /// format, groups of 128 in layouts A and C, and a whole-row cast, each without and with
-    /// the clamp; the counting clamp for bf16 to e4m3 in layout C.
+    /// format, groups of 128 in layouts A and C, and a whole-row cast, each without the clamp
+    /// and with both clamp forms (selects, min / max), without routing weights and (no clamp)
+    /// with them; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
         let mut push_tiles = |bf16_in, out, sf, clamp, whole_row, weights, tiles| {
@@ -622,7 +687,7 @@ mod gpu {
             )
         };
         // Runs of 5 column tiles (H = 1280): bf16 to e4m3 in layouts A and C.
-        for clamp in [0, 1] {
+        for clamp in [0, 1, 3, 4] {
             for sf in [
                 (ScaleLayout::RowMajorF32, true),
                 (ScaleLayout::PackedUe8m0, true),
@@ -642,21 +707,26 @@ mod gpu {
             push_tiles(bf16_in, out, sf, clamp, whole_row, weights, 56)
         };
         for bf16_in in [true, false] {
-            for clamp in [0, 1] {
+            let clamps: &[u8] = if bf16_in { &[0, 1, 3, 4] } else { &[0, 1, 3] };
+            for &clamp in clamps {
                 // fp32 output: both tiled shapes.
                 for weights in [false, true] {
                     push(bf16_in, SwigluOutFormat::F32, None, clamp, None, weights);
                 }
-                push(bf16_in, SwigluOutFormat::BF16, None, clamp, None, false);
-                for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
-                    for sf in [
-                        (ScaleLayout::RowMajorF32, true),
-                        (ScaleLayout::PackedUe8m0, true),
-                    ] {
-                        push(bf16_in, out, Some(sf), clamp, None, false);
+                // Routing weights (TK_W 1) without the clamp, as upstream's benchmark.
+                let ws: &[bool] = if clamp == 0 { &[false, true] } else { &[false] };
+                for &weights in ws {
+                    push(bf16_in, SwigluOutFormat::BF16, None, clamp, None, weights);
+                    for out in [SwigluOutFormat::E4M3, SwigluOutFormat::E2M1] {
+                        for sf in [
+                            (ScaleLayout::RowMajorF32, true),
+                            (ScaleLayout::PackedUe8m0, true),
+                        ] {
+                            push(bf16_in, out, Some(sf), clamp, None, weights);
+                        }
+                        let sf = Some((ScaleLayout::RowMajorF32, true));
+                        push(bf16_in, out, sf, clamp, Some((256, 2)), weights);
                     }
-                    let sf = Some((ScaleLayout::RowMajorF32, true));
-                    push(bf16_in, out, sf, clamp, Some((256, 2)), false);
                 }
             }
         }
@@ -795,11 +865,11 @@ mod gpu {
             out: params.out_format,
             sf: quant,
             vecio,
-            clamp: match (params.swiglu_clamp_value, params.count_clamped) {
-                (None, _) => 0,
-                (Some(_), false) => 1,
-                (Some(_), true) => 2,
-            },
+            clamp: clamp_code(
+                params.swiglu_clamp_value,
+                params.count_clamped,
+                in_bytes == 2,
+            ),
             weights: inputs.topk.is_some(),
             whole_row: if quant.is_some() && npc == h && h > 128 {
                 Some(whole_row_shape(h)?)

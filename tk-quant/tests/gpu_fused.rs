@@ -931,6 +931,69 @@ fn gpu_swiglu_forward_allocating_form_and_counter_accumulates() {
     );
 }
 
+/// The clamp without counting: `C` with a clear sign bit takes the kernels' min / max clamp (on
+/// the bf16 pairs for 0.5 and 0, in fp32 for 0.3, which bf16 cannot hold), `C = -0.0` the
+/// select clamp (the two order the zeros differently), in the tiled paths (e4m3
+/// in layouts A and C, e2m1, bf16) and the whole-row path; every cast bit for bit against the
+/// downstream reference of the checked activation, and the fp32 output bit for bit that
+/// activation (the counting kernel's, checked against the reference by `check_forward`).
+#[test]
+fn gpu_swiglu_forward_clamp_without_counts() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_forward_clamp_without_counts") else {
+        return;
+    };
+    // expf(-0.3): the clamped gate 0.3 is not a bf16 value.
+    let table = ExpfTable::new(&dev, &[-0.3]);
+    let moe = MoeParams {
+        num_send_tokens: 96,
+        num_topk: 6,
+        num_experts: 32,
+        num_ep_ranks: 8,
+    };
+    for h in [1280, 2048] {
+        let name = format!("swiglu_fwd clamp without counts H={h}");
+        let data = moe_forward_data(&dev, &moe, h, &name);
+        let (n, h) = (data.n(), data.h());
+        for c in [0.5f32, 0.3, 0.0, -0.0] {
+            for (weights, pte) in [(false, false), (true, true)] {
+                let mut casts = vec![SwigluForwardParams::plain(SwigluOutFormat::BF16)];
+                for (fmt, npc, opts) in [
+                    (CastFormat::E4M3, 128, ScaleOptions::row_major(true)),
+                    (CastFormat::E4M3, 128, ScaleOptions::packed_ue8m0()),
+                    (CastFormat::E4M3, h, ScaleOptions::row_major(true)),
+                    (CastFormat::E2M1, 128, ScaleOptions::row_major(true)),
+                ] {
+                    if !(opts.use_packed_ue8m0 && weights) {
+                        casts.push(SwigluForwardParams::cast(fmt, npc, opts));
+                    }
+                }
+                let name = format!("{name} C={c:?} weights={weights} pte={pte}");
+                let cfg = FwdConfig {
+                    weights,
+                    pte,
+                    clamp: Some(c),
+                    tolerance: false,
+                };
+                check_forward(&dev, &name, &data, cfg, &table, &casts);
+                let din = data.device(weights, pte);
+                let mut p = SwigluForwardParams::plain(SwigluOutFormat::F32).with_clamp(c);
+                let FwdGot::F32(plain) = run_forward(&dev, &din, &p, n, h).0 else {
+                    unreachable!()
+                };
+                p.count_clamped = true;
+                let FwdGot::F32(counted) = run_forward(&dev, &din, &p, n, h).0 else {
+                    unreachable!()
+                };
+                assert_bits_eq(
+                    &format!("{name}: fp32 without counts"),
+                    plain.as_slice(),
+                    counted.as_slice(),
+                );
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // swiglu_backward_and_per_token_cast
 // ---------------------------------------------------------------------------------------------

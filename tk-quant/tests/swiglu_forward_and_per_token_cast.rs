@@ -637,3 +637,122 @@ fn empty_input() {
     let o = swiglu_forward_and_per_token_cast(&Inputs::new(x.view()), &p).unwrap();
     assert_eq!(o.clamped_count, Some([0, 0, 0]));
 }
+
+/// PTX `min.NaN` / `max.NaN` (f32 and bf16 alike): NaN if either operand is NaN, else the
+/// smaller / larger, `-0 < +0` (PTX ISA: "If values of both inputs are 0.0, then +0.0 > -0.0").
+fn ptx_min_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a < b || (a == b && a.is_sign_negative()) {
+        a
+    } else {
+        b
+    }
+}
+
+fn ptx_max_nan(a: f32, b: f32) -> f32 {
+    -ptx_min_nan(-a, -b)
+}
+
+/// The spec's clamp (§3.10 step 2) as the kernels' selects: `l = C if l > C`, `v` into `[-C, C]`.
+fn select_clamp(l: f32, v: f32, c: f32) -> (f32, f32) {
+    let l = if l > c { c } else { l };
+    let v = if v > c {
+        c
+    } else if v < -c {
+        -c
+    } else {
+        v
+    };
+    (l, v)
+}
+
+/// The GPU forward's min / max clamp (`TK_CLAMP` 3: `min(l, C)`, `min(max(v, -C), C)`, in fp32;
+/// `TK_CLAMP` 4: the same on bf16 values before the exact widening) agrees bit for bit with
+/// the select clamp for every non-NaN operand when `C` has a clear sign bit, and differs for
+/// `C = -0.0` (which is why the host keeps the select clamp there). Checked over every bf16
+/// value (as fp32) against special values of `C`.
+#[test]
+fn min_max_clamp_model_matches_the_select_clamp() {
+    let clamp_minmax =
+        |l: f32, v: f32, c: f32| (ptx_min_nan(l, c), ptx_min_nan(ptx_max_nan(v, -c), c));
+    let values: Vec<f32> = (0..=0xFFFFu32)
+        .map(|b| f32::from_bits(b << 16))
+        .filter(|x| !x.is_nan())
+        .chain([0.3f32, -0.3, 0.5000001, -0.4999999])
+        .collect();
+    for c in [0.0f32, 0.5, 0.3, 10.0, 40.0, f32::MIN_POSITIVE, 1e-45] {
+        for &x in &values {
+            // the gate against the value's extremes and vice versa
+            for (l, v) in [
+                (x, x),
+                (x, c),
+                (x, -c),
+                (c, x),
+                (-c, x),
+                (x, 0.0),
+                (x, -0.0),
+            ] {
+                let (sl, sv) = select_clamp(l, v, c);
+                let (ml, mv) = clamp_minmax(l, v, c);
+                assert_eq!(
+                    (ml.to_bits(), mv.to_bits()),
+                    (sl.to_bits(), sv.to_bits()),
+                    "C={c:e} l={l:e} v={v:e}"
+                );
+            }
+        }
+    }
+    // C = -0.0: min(+0, -0) = -0 where the selects keep +0.
+    let (sl, _) = select_clamp(0.0, 0.0, -0.0);
+    let (ml, _) = clamp_minmax(0.0, 0.0, -0.0);
+    assert_ne!(ml.to_bits(), sl.to_bits());
+    // TK_CLAMP 4: min / max of bf16 values then widening = widening then min / max, for C
+    // exact in bf16 (low 16 bits zero, what the host checks).
+    for c in [0.0f32, 0.5, 10.0, 40.0] {
+        assert_eq!(c.to_bits() & 0xFFFF, 0);
+        let cb = bf16::from_f32(c);
+        for b in 0..=0xFFFFu16 {
+            let x = bf16::from_bits(b);
+            if x.is_nan() {
+                continue;
+            }
+            let lo = if x < cb || (x == cb && x.is_sign_negative()) {
+                x
+            } else {
+                cb
+            };
+            assert_eq!(lo.to_f32().to_bits(), ptx_min_nan(x.to_f32(), c).to_bits());
+        }
+    }
+}
+
+/// The fp32-output quad layout (`TK_Q4`): for teams of `16 / FPL` lanes with `FPL`
+/// 8-column fragments each, fragment `f` element `j` of lane `tl` is column
+/// `4 ((2 f + j / 4) TEAM + tl) + j % 4` of the 128-column tile (loaded from and stored to the
+/// same column, raw words `[j / 4 IN_BYTES, ...)` of the fragment; bf16 or fp32 input): every
+/// column exactly once.
+#[test]
+fn quad_lane_layout_covers_every_column_once() {
+    for fpl in [1usize, 2] {
+        let team = 16 / fpl;
+        let mut seen = [0u32; 128];
+        for tl in 0..team {
+            for f in 0..fpl {
+                for j in 0..8 {
+                    let q = 2 * f + j / 4;
+                    let col = 4 * (q * team + tl) + j % 4;
+                    seen[col] += 1;
+                    // load (bf16 / fp32 input) and fp32 store: byte offset
+                    // (lane_col / 4) QB + q TEAM QB + (j % 4) element bytes
+                    for elem_bytes in [2usize, 4] {
+                        let qb = 4 * elem_bytes;
+                        let at = (4 * tl) / 4 * qb + q * team * qb + (j % 4) * elem_bytes;
+                        assert_eq!(at, col * elem_bytes, "FPL={fpl} tl={tl} f={f} j={j}");
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "FPL={fpl}: {seen:?}");
+    }
+}
