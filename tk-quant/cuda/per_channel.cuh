@@ -48,6 +48,10 @@ struct Params {
     u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
 
+// Knob (A/B): 1 = the transposed tile packs each column's 4 row codes straight into its staging
+// word (session 7); 0 = row words of codes, then a byte gather into column words.
+#define TK_PC_COLPACK 1
+
 namespace pc {
 
 constexpr int TR = 128, TC = 64, RPT = 4, LX = 8, LY = 4, WARPS = 8;
@@ -56,6 +60,7 @@ constexpr int NB = TR / TK_NPT;           // scale blocks per tile
 constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
+static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
@@ -149,6 +154,16 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
             inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
         }
+#if TK_TRANSPOSE && TK_PC_COLPACK
+        // The transposed tile wants, per column, the codes of the thread's 4 rows as one word
+        // (row i in byte i): each column's 4 scaled values go through e4m3_pack4 directly (the
+        // same 2 conversions per 4 values as the row words, no byte gather afterwards).
+        u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            cw[j] = tkq::e4m3_pack4(__fmul_rn(y[0][j], inv[j]), __fmul_rn(y[1][j], inv[j]), __fmul_rn(y[2][j], inv[j]),
+                                    __fmul_rn(y[3][j], inv[j]));
+#else
         u32 q[RPT][2];  // (rows, 8 codes as 2 words)
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
@@ -158,6 +173,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
             q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
         }
+#endif
         if constexpr (PIPE) {
             // The loads of the next tile of the loops below are issued now (raw is dead:
             // y holds its values), to be in flight during this tile's stores.
@@ -166,6 +182,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             if (ntr < tiles_r) Src::fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
         }
 #if TK_TRANSPOSE
+#if !TK_PC_COLPACK
         u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -173,6 +190,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
             for (int i = 0; i < RPT; ++i) cw[j] |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
         }
+#endif
         u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
