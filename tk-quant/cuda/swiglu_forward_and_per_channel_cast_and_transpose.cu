@@ -35,7 +35,11 @@ struct SwigluSrc : pc::NoPipe {
         const u32 gw[4] = {w[0], w[1], w[2], w[3]}, vw[4] = {w[4], w[5], w[6], w[7]};  // (words,)
         tkq::widen8<1>(gw, l);
         tkq::widen8<1>(vw, v);
-        if (p.has_clamp)
+        // has_clamp: 0 none, 1 compares and selects, 2 min / max (host: only for C > 0).
+        if (p.has_clamp == 2)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) pc::clamp_pos(l[j], v[j], p.clamp);
+        else if (p.has_clamp)
 #pragma unroll
             for (int j = 0; j < 8; ++j) tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
     }
