@@ -10,7 +10,7 @@
 //
 // Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_MINB (the kernels' CTAs per SM for
 // __launch_bounds__), TK_VECIO (1: 16-byte accesses; every row start and the outputs 16-byte
-// aligned), plus the op's own.
+// aligned), TK_PC_RUN (tiles per CTA run, 1: the strided tile loop), plus the op's own.
 //
 // Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
 // groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
@@ -86,7 +86,8 @@ struct RowwiseLoad : NoPipe {
 
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
 // 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
-// c0, raw) (the raw words of those values, issued one tile ahead) and widen(raw, y).
+// c0, raw) (the raw words of those values, issued one tile ahead) and widen(raw, y). One Src
+// object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
@@ -100,26 +101,38 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     // a 2D grid (tiles_c, rows) gives CTA (x, y) column tile x and rows y, y + rows, ...; a 1D
     // persistent grid spreads the tiles evenly over every resident CTA. The stride nb is
     // (step_r, step_c) in (row, column) tiles (kernel arguments: no registers), stepped with
-    // one carry (no division per tile). u32: an
-    // output holds at least 8 KiB per tile, so there are fewer than 2^32 tiles.
+    // one carry (no division per tile). With TK_PC_RUN = R > 1 (runs; 1D grid of ceil(T / R)
+    // CTAs) CTA b takes the R consecutive tiles t = R b .. R b + R - 1 instead: consecutive
+    // column tiles of one row tile (wrapping to the next row tile), so a Src keeps its per-row
+    // work (a gather's source rows) across them. u32: an output holds at least 8 KiB per tile,
+    // so there are fewer than 2^32 tiles (and R b < T + R).
     const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
     const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
-    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of t + nb (host-computed stride)
-        tc += p.step_c;
-        tr += p.step_r;
-        if (tc >= tiles_c) tc -= tiles_c, ++tr;
+    constexpr u32 RUN = TK_PC_RUN;
+    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of this CTA's next tile
+        if constexpr (RUN > 1) {
+            if (++tc == tiles_c) tc = 0, ++tr;
+        } else {  // t + nb (host-computed stride)
+            tc += p.step_c;
+            tr += p.step_r;
+            if (tc >= tiles_c) tc -= tiles_c, ++tr;
+        }
     };
+    // Whether this CTA's n-th tile (row tile tr) exists.
+    const auto live = [&](u32 n, u32 tr) { return tr < tiles_r && (RUN == 1 || n < RUN); };
     constexpr bool PIPE = Src::PIPE;
+    Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
-    u32 tr32 = b / tiles_c, tc32 = b % tiles_c;  // this CTA's current tile
+    const u32 t0 = RUN > 1 ? b * RUN : b;            // this CTA's first tile
+    u32 tr32 = t0 / tiles_c, tc32 = t0 % tiles_c;  // this CTA's current tile
     if constexpr (PIPE)
-        if (tr32 < tiles_r) Src::fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
-    for (; tr32 < tiles_r; step(tr32, tc32)) {
+        if (live(0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+    for (u32 n = 0; live(n, tr32); ++n, step(tr32, tc32)) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         float y[RPT][8];  // (rows, columns) values
-        if constexpr (PIPE) Src::widen(raw, y);  // raw holds tile (tr, tc)
-        else Src::rows(p, r0, c0, y);
+        if constexpr (PIPE) src.widen(raw, y);  // raw holds tile (tr, tc)
+        else src.rows(p, r0, c0, y);
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -179,7 +192,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             // y holds its values), to be in flight during this tile's stores.
             u32 ntr = tr32, ntc = tc32;  // this CTA's next tile
             step(ntr, ntc);
-            if (ntr < tiles_r) Src::fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
+            if (live(n + 1, ntr)) src.fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
         }
 #if TK_TRANSPOSE
 #if !TK_PC_COLPACK

@@ -310,7 +310,8 @@ mod gpu {
     use crate::cast::check_same_device;
     use crate::device::{DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
     use crate::per_channel_cast_and_transpose::{
-        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS, PLAIN_MIN_BLOCKS,
+        launch_per_channel, per_channel_spec, PerChannelArgs, PerChannelGrid, PER_CHANNEL_HEADERS,
+        PLAIN_MIN_BLOCKS,
     };
     use crate::plan::CastPlan;
     use crate::swiglu::check_device_vector;
@@ -353,6 +354,23 @@ mod gpu {
         }
     }
 
+    /// Knob (A/B): tiles per CTA run by input (fp32, bf16, e4m3 + scales): a CTA casts that
+    /// many consecutive column tiles of one row tile, its source rows (map loads, checks)
+    /// computed once for them (`GatherSrc`); 1: one CTA per tile (2D grid).
+    const COL_RUN: [usize; 3] = [4, 4, 4];
+
+    /// Knob (A/B): CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills
+    /// with runs), 5 (48 registers: 4 bytes of spills without runs, 32-40 with).
+    const E4M3_MIN_BLOCKS: usize = 4;
+
+    /// The tile loop of input `input`.
+    fn grid(input: u8) -> PerChannelGrid {
+        match COL_RUN[input as usize] {
+            1 => PerChannelGrid::Tiles,
+            r => PerChannelGrid::Runs(r),
+        }
+    }
+
     fn spec(input: u8, round_sf: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
@@ -361,8 +379,14 @@ mod gpu {
             false,
             vecio,
             // fp32 rows hold 32 raw words per thread across the gather's load phase: 48
-            // registers (5 CTAs per SM) spilled 32 bytes there, 64 (4 CTAs) do not.
-            if input == 0 { 4 } else { PLAIN_MIN_BLOCKS },
+            // registers (5 CTAs per SM) spilled 32 bytes there, 64 (4 CTAs) do not. e4m3 input
+            // in runs (the cached source rows): 32-40 bytes of spills at 48 registers.
+            match input {
+                0 => 4,
+                1 => PLAIN_MIN_BLOCKS,
+                _ => E4M3_MIN_BLOCKS,
+            },
+            grid(input),
         )
         .define("TK_IN", input)
         // u32 row indices for e4m3 input with fp32 scales (3-4 % faster on the H200); with
@@ -454,7 +478,7 @@ mod gpu {
             device(x),
             &plan,
             false,
-            None,
+            grid(input),
             args,
             &align,
             (out, out_sf),

@@ -138,7 +138,7 @@ mod gpu {
     use super::{validate_dims, SwigluPerChannelParams, NUM_PER_TOKENS};
     use crate::device::{DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
     use crate::per_channel_cast_and_transpose::{
-        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS,
+        launch_per_channel, per_channel_spec, PerChannelArgs, PerChannelGrid, PER_CHANNEL_HEADERS,
     };
     use crate::plan::CastPlan;
     use crate::types::{check_matrix, check_nonempty_k, CastFormat};
@@ -160,7 +160,15 @@ mod gpu {
 
     /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn spec(npt: usize, round_sf: bool, transpose: bool, vecio: bool) -> KernelSpec {
-        per_channel_spec(&SOURCE, npt, round_sf, transpose, vecio, MIN_BLOCKS)
+        per_channel_spec(
+            &SOURCE,
+            npt,
+            round_sf,
+            transpose,
+            vecio,
+            MIN_BLOCKS,
+            PerChannelGrid::Tiles,
+        )
     }
 
     /// The specialisations the tests and benchmarks launch.
@@ -216,7 +224,7 @@ mod gpu {
             x.device(),
             &plan,
             transpose,
-            None,
+            PerChannelGrid::Tiles,
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
