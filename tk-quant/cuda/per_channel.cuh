@@ -51,6 +51,13 @@ struct Params {
 // Knob (A/B): 1 = the transposed tile packs each column's 4 row codes straight into its staging
 // word (session 7); 0 = row words of codes, then a byte gather into column words.
 #define TK_PC_COLPACK 1
+// Knob (A/B): 1 = inverse scales stored half-major ([block][j / 4][lx][j % 4]), so the two 16-byte
+// reads of a lane's 8 inverses are 8 consecutive float4 per quarter warp (conflict-free); 0 =
+// column-major [block][column] (lanes lx and lx + 4 in one bank: ncu-pcct, 2.2-way shared loads).
+#define TK_PC_INVSWZ 1
+// Knob (A/B): 1 = a barrier at the end of every tile (before the next tile's shared writes);
+// 0 = none: not needed (see the end of the tile loop).
+#define TK_PC_TAILBAR 0
 
 namespace pc {
 
@@ -61,6 +68,17 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
+
+// Where column c's inverse scale lies in a scale block's row of inv_s: c (TK_PC_INVSWZ 0), or
+// the half-major order (c % 8 / 4, c / 8, c % 4), whose float4 LX h + lx holds columns
+// lx * 8 + 4 h .. + 3.
+__device__ __forceinline__ u32 inv_at(u32 c) {
+#if TK_PC_INVSWZ
+    return (c % 8 / 4) * (TC / 2) + (c / 8) * 4 + c % 4;
+#else
+    return c;
+#endif
+}
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
@@ -91,7 +109,7 @@ struct RowwiseLoad : NoPipe {
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
-    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
+    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales (TK_PC_INVSWZ: inv_at)
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
 #endif
@@ -155,15 +173,20 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-            inv_s[b][c] = inv;
+            inv_s[b][inv_at(c)] = inv;
             const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
             if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
         }
         __syncthreads();
         float inv[8];  // (columns,) inverse scales of this thread's block
         {
+#if TK_PC_INVSWZ
+            const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][0]);
+            const float4 i0 = is[lx], i1 = is[LX + lx];  // columns lx * 8 + 0..3, + 4..7
+#else
             const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
             const float4 i0 = is[0], i1 = is[1];
+#endif
             inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
             inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
         }
@@ -231,7 +254,13 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         for (int i = 0; i < RPT; ++i)
             if (r0 + i < p.m) tkq::store_bytes<8, VECIO>(reinterpret_cast<u8*>(p.out) + (r0 + i) * p.k + c0, q[i]);  // (8,) of out row
 #endif
-        __syncthreads();  // red (and stage) are reused by the next tile
+        // No barrier is needed before the next tile reuses red, inv_s and stage: its writes of
+        // red come after this tile's second barrier, which every read of red precedes; its
+        // writes of inv_s and stage come after its own first barrier, which no thread reaches
+        // before it has done this tile's reads of inv_s and stage.
+#if TK_PC_TAILBAR
+        __syncthreads();
+#endif
     }
 }
 
