@@ -82,7 +82,7 @@ __device__ __forceinline__ u32 inv_at(u32 c) {
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
-    static constexpr bool PIPE = false;
+    static constexpr bool PIPE = false, EARLY = false;
     struct Raw {};
     static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
     static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
@@ -104,7 +104,8 @@ struct RowwiseLoad : NoPipe {
 
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
 // 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
-// c0, raw) (the raw words of those values, issued one tile ahead) and widen(raw, y). One Src
+// c0, raw) (the raw words of those values, issued one tile ahead: right after the current tile's
+// widen(raw, y) with EARLY, else after its codes) and widen(raw, y). One Src
 // object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
@@ -149,8 +150,20 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         float y[RPT][8];  // (rows, columns) values
-        if constexpr (PIPE) src.widen(raw, y);  // raw holds tile (tr, tc)
-        else src.rows(p, r0, c0, y);
+        // PIPE: the loads of this CTA's next tile, into raw (dead once y holds its values).
+        const auto prefetch = [&] {
+            u32 ntr = tr32, ntc = tc32;  // this CTA's next tile
+            step(ntr, ntc);
+            if (live(n + 1, ntr)) src.fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
+        };
+        if constexpr (PIPE) {
+            src.widen(raw, y);  // raw holds tile (tr, tc)
+            // Src::EARLY (a Src with few raw words): the next tile's loads go out now, in flight
+            // during this whole tile (reduction, barriers, scales, codes, stores).
+            if constexpr (Src::EARLY) prefetch();
+        } else {
+            src.rows(p, r0, c0, y);
+        }
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -210,13 +223,9 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
         }
 #endif
-        if constexpr (PIPE) {
-            // The loads of the next tile of the loops below are issued now (raw is dead:
-            // y holds its values), to be in flight during this tile's stores.
-            u32 ntr = tr32, ntc = tc32;  // this CTA's next tile
-            step(ntr, ntc);
-            if (live(n + 1, ntr)) src.fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
-        }
+        // Otherwise the loads of the next tile go out now (fewer registers live: the codes
+        // instead of y), to be in flight during this tile's stores.
+        if constexpr (PIPE && !Src::EARLY) prefetch();
 #if TK_TRANSPOSE
 #if !TK_PC_COLPACK
         u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
@@ -279,7 +288,7 @@ __device__ __forceinline__ void clamp_pos(float& l, float& v, float c) {
 // Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
 template <int IN>
 struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
-    static constexpr bool PIPE = true;
+    static constexpr bool PIPE = true, EARLY = false;
     static constexpr int W = tkq::Frag<IN>::BYTES / 4;
     struct Raw {
         u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (0 for rows >= M: fp32 / bf16 0)
