@@ -55,6 +55,10 @@ struct Params {
 // reads of a lane's 8 inverses are 8 consecutive float4 per quarter warp (conflict-free); 0 =
 // column-major [block][column] (lanes lx and lx + 4 in one bank: ncu-pcct, 2.2-way shared loads).
 #define TK_PC_INVSWZ 1
+// Knob (A/B): 1 = the sources of ops that validated M % 128 == 0 (PlainSrc: per_channel_cast_and_
+// transpose; the SwiGLU source) load every row of a tile without the row < M checks and step
+// one 64-bit row address by the row pitch; 0 = a checked load with its own address per row.
+#define TK_PC_FULLROWS 1
 // Knob (A/B): 1 = a barrier at the end of every tile (before the next tile's shared writes);
 // 0 = none: not needed (see the end of the tile loop).
 #define TK_PC_TAILBAR 0
@@ -295,6 +299,14 @@ struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
     };
     // The raw words of y[r0 + i, c0 .. c0 + 8) for i < RPT.
     static __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
+#if TK_PC_FULLROWS
+        // Every tile is full (per_channel_cast_and_transpose validated M % 128 == 0).
+        constexpr int B = IN == 0 ? 4 : 2;
+        const u8* a = reinterpret_cast<const u8*>(p.x) + (r0 * p.ldx + c0) * B;  // (8,) of x row r0
+        const u64 pitch = p.ldx * B;                                              // row pitch in bytes
+#pragma unroll
+        for (int i = 0; i < RPT; ++i, a += pitch) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(a, raw.w[i]);
+#else
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
             if (r0 + i < p.m) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(reinterpret_cast<const u8*>(p.x) + ((r0 + i) * p.ldx + c0) * (IN == 0 ? 4 : 2), raw.w[i]);
@@ -302,6 +314,7 @@ struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
 #pragma unroll
                 for (int j = 0; j < W; ++j) raw.w[i][j] = 0;
         }
+#endif
     }
     static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[RPT][8]) {
 #pragma unroll
