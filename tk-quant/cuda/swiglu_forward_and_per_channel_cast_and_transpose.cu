@@ -14,6 +14,10 @@
 // slow-path calls, and the registers they clobber, out of the hot loop. The tile's words are
 // loaded at its top (no software pipeline: with the next tile's 32 words live across the stores
 // and 3 CTAs per SM it measured 10-25 % slower on the H200 than this at 4 CTAs per SM).
+// Knob (A/B): 1 = one code path per clamp mode (none, select, min / max), chosen once per tile;
+// 0 = the mode tested inside the row loop.
+#define TK_PC_CLAMPSPLIT 1
+
 struct SwigluSrc : pc::NoPipe {
     // The raw gate and value words of row r (16 bytes each): gate x[r, c0 .. c0 + 8) then value
     // x[r, H + c0 ..); zeros (activations +0) for rows >= M.
@@ -30,21 +34,36 @@ struct SwigluSrc : pc::NoPipe {
 #pragma unroll
         for (int t = 0; t < 4; ++t) w[t] = g[t], w[4 + t] = v[t];
     }
-    // The clamped gate and value of one row's raw words.
+    // The clamped gate and value of one row's raw words. CLAMP = has_clamp (0 none, 1 compares
+    // and selects, 2 min / max: host only for C > 0), or -1: read has_clamp here.
+    template <int CLAMP>
     static __device__ __forceinline__ void gate_value(const Params& p, const u32 (&w)[8], float (&l)[8], float (&v)[8]) {
         const u32 gw[4] = {w[0], w[1], w[2], w[3]}, vw[4] = {w[4], w[5], w[6], w[7]};  // (words,)
         tkq::widen8<1>(gw, l);
         tkq::widen8<1>(vw, v);
-        // has_clamp: 0 none, 1 compares and selects, 2 min / max (host: only for C > 0).
-        if (p.has_clamp == 2)
+        const u32 mode = CLAMP >= 0 ? (u32)CLAMP : p.has_clamp;
+        if (mode == 2)
 #pragma unroll
             for (int j = 0; j < 8; ++j) pc::clamp_pos(l[j], v[j], p.clamp);
-        else if (p.has_clamp)
+        else if (mode == 1)
 #pragma unroll
             for (int j = 0; j < 8; ++j) tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
     }
     // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j (+0 for rows >= M).
+    // With TK_PC_CLAMPSPLIT the clamp mode is dispatched once per tile, each mode its own code
+    // (ptxas otherwise merged no clamp and the compare-and-select clamp into one path with a
+    // branch around each row's clamp, and spilled in it).
     static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
+#if TK_PC_CLAMPSPLIT
+        if (p.has_clamp == 2) rows_c<2>(p, r0, c0, y);
+        else if (p.has_clamp) rows_c<1>(p, r0, c0, y);
+        else rows_c<0>(p, r0, c0, y);
+#else
+        rows_c<-1>(p, r0, c0, y);
+#endif
+    }
+    template <int CLAMP>
+    static __device__ __forceinline__ void rows_c(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
         u32 w[pc::RPT][8];  // (rows, words) the tile's raw words
 #if TK_PC_FULLROWS
         {
@@ -69,7 +88,7 @@ struct SwigluSrc : pc::NoPipe {
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
             float l[8], v[8];  // (8,) gate, value
-            gate_value(p, w[i], l, v);
+            gate_value<CLAMP>(p, w[i], l, v);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 ok &= tkq::fast_div_ok(l[j]);
@@ -82,7 +101,7 @@ struct SwigluSrc : pc::NoPipe {
                 u32 wi[8];  // (words,) row r0 + i, reloaded
                 fetch_row(p, r0 + i, c0, wi);
                 float l[8], v[8];  // (8,) gate, value
-                gate_value(p, wi, l, v);
+                gate_value<CLAMP>(p, wi, l, v);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) y[i][j] = tkq::round_bf16(tkq::swiglu_act(l[j], v[j]));
             }
