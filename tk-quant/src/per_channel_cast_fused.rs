@@ -293,7 +293,9 @@ pub use gpu::*;
 /// [`crate::per_channel_cast_and_transpose`] (not transposed, `npt = 128`) whose rows are
 /// gathered through `pos_to_token` and, fused, dequantized (`fl(dec8 · s_in)`) on load;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
-/// No host synchronisation.
+/// A CTA casts a run of consecutive column tiles of one row tile, its threads' source rows
+/// looked up once per run; e4m3 input prefetches the run's next tile while casting the current
+/// one. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
