@@ -17,6 +17,25 @@
 // Knob (A/B): 1 = one code path per clamp mode (none, select, min / max), chosen once per tile;
 // 0 = the mode tested inside the row loop.
 #define TK_PC_CLAMPSPLIT 1
+// Knob (A/B): 1 = div_fast's range check on the tile's raw bf16 gate words (packed 16-bit min /
+// max of |bits|, ~1.5 instructions per gate pair); 0 = two compares per fp32 gate.
+#define TK_PC_RAWCHECK 1
+
+// Whether every bf16 gate in words g[0 .. n) (2 per word) has |l| in [2^-40, 40], i.e.
+// tkq::fast_div_ok of its (exact) fp32 widening: for bf16 bits with the sign cleared the
+// numeric order is the unsigned order, 2^-40 is 0x2B80 and 40.0 is 0x4220 (both bf16 values);
+// NaN and infinity (>= 0x7F80) and zeros fail like the fp32 compares.
+template <int N>
+__device__ __forceinline__ bool gates_in_range(const u32 (&g)[N]) {
+    u32 mn = 0xFFFFFFFFu, mx = 0;  // (2,) per-half minimum / maximum of |bits|
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+        const u32 a = g[t] & 0x7FFF7FFFu;
+        asm("min.u16x2 %0, %0, %1;" : "+r"(mn) : "r"(a));
+        asm("max.u16x2 %0, %0, %1;" : "+r"(mx) : "r"(a));
+    }
+    return (mn & 0xFFFFu) >= 0x2B80u && (mn >> 16) >= 0x2B80u && (mx & 0xFFFFu) <= 0x4220u && (mx >> 16) <= 0x4220u;
+}
 
 struct SwigluSrc : pc::NoPipe {
     // The raw gate and value words of row r (16 bytes each): gate x[r, c0 .. c0 + 8) then value
@@ -84,14 +103,26 @@ struct SwigluSrc : pc::NoPipe {
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) fetch_row(p, r0 + i, c0, w[i]);
 #endif
-        bool ok = true;  // every gate in div_fast's range
+        bool ok = true;  // every (clamped) gate in div_fast's range
+#if TK_PC_RAWCHECK
+        {
+            // On the raw gates; then the clamped ones are in range too when C >= 2^-40: a
+            // clamped gate is C < l <= 40. A clamp below 2^-40 (C = 0) always takes the exact
+            // fallback below.
+            const u32 g[pc::RPT * 4] = {w[0][0], w[0][1], w[0][2], w[0][3], w[1][0], w[1][1], w[1][2], w[1][3],
+                                        w[2][0], w[2][1], w[2][2], w[2][3], w[3][0], w[3][1], w[3][2], w[3][3]};  // (words,) gates
+            static_assert(pc::RPT == 4, "gate words of 4 rows");
+            const bool clamped = CLAMP >= 0 ? CLAMP != 0 : p.has_clamp != 0;
+            ok = gates_in_range(g) && (!clamped || p.clamp >= 0x1p-40f);
+        }
+#endif
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
             float l[8], v[8];  // (8,) gate, value
             gate_value<CLAMP>(p, w[i], l, v);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                ok &= tkq::fast_div_ok(l[j]);
+                if (!TK_PC_RAWCHECK) ok &= tkq::fast_div_ok(l[j]);
                 y[i][j] = tkq::round_bf16(__fmul_rn(tkq::div_fast(l[j], __fadd_rn(1.0f, expf(-l[j]))), v[j]));
             }
         }
