@@ -369,3 +369,58 @@ mod gpu {
         Ok((d, s))
     }
 }
+
+/// CPU models of the per-channel kernels' index math (`cuda/per_channel.cuh`).
+#[cfg(test)]
+mod index_model {
+    /// The tile loop with `TK_PC_RUN = run > 1`: CTA `b` of `ceil(T / run)` takes tiles
+    /// `run b ..` stepped `(tr, tc + 1)` with a carry, while `tr < tiles_r` and `n < run`.
+    fn run_tiles(tiles_r: u32, tiles_c: u32, run: u32) -> Vec<(u32, u32)> {
+        let ctas = (tiles_r * tiles_c).div_ceil(run);
+        let mut v = Vec::new();
+        for b in 0..ctas {
+            let t0 = b * run;
+            let (mut tr, mut tc) = (t0 / tiles_c, t0 % tiles_c);
+            let mut n = 0;
+            while tr < tiles_r && n < run {
+                v.push((tr, tc));
+                tc += 1;
+                if tc == tiles_c {
+                    (tc, tr) = (0, tr + 1);
+                }
+                n += 1;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn runs_cover_every_tile_once() {
+        for tiles_r in [1, 2, 3, 7, 198] {
+            for tiles_c in [1, 2, 3, 9, 10, 112] {
+                for run in [2, 3, 4, 8] {
+                    let mut v = run_tiles(tiles_r, tiles_c, run);
+                    v.sort_unstable();
+                    let all: Vec<_> = (0..tiles_r)
+                        .flat_map(|r| (0..tiles_c).map(move |c| (r, c)))
+                        .collect();
+                    assert_eq!(v, all, "tiles {tiles_r}x{tiles_c} run {run}");
+                }
+            }
+        }
+    }
+
+    /// `pc::inv_at` (TK_PC_INVSWZ): the float4 `8 h + lx` a lane reads holds the inverses of
+    /// columns `lx * 8 + 4 h .. + 3`, in order, and every column has its own slot.
+    #[test]
+    fn inverse_layout_matches_the_readers() {
+        let inv_at = |c: usize| (c % 8 / 4) * 32 + (c / 8) * 4 + c % 4;
+        let mut seen = [false; 64];
+        for c in 0..64 {
+            let (lx, j) = (c / 8, c % 8);
+            assert_eq!(inv_at(c), 4 * (8 * (j / 4) + lx) + j % 4, "column {c}");
+            assert!(!seen[inv_at(c)]);
+            seen[inv_at(c)] = true;
+        }
+    }
+}

@@ -257,3 +257,27 @@ mod gpu {
         Ok((d, s))
     }
 }
+
+/// CPU model of the kernel's range check on raw gate words (`gates_in_range`, TK_PC_RAWCHECK).
+#[cfg(test)]
+mod raw_check_model {
+    use half::bf16;
+
+    /// `tkq::fast_div_ok` on the fp32 widening of a gate.
+    fn fast_div_ok(l: f32) -> bool {
+        l.abs() >= 2f32.powi(-40) && l.abs() <= 40.0
+    }
+
+    #[test]
+    fn raw_range_check_is_fast_div_ok_for_every_bf16() {
+        for bits in 0..=u16::MAX {
+            let a = bits & 0x7FFF;
+            let raw = (0x2B80..=0x4220).contains(&a);
+            assert_eq!(
+                raw,
+                fast_div_ok(bf16::from_bits(bits).to_f32()),
+                "bf16 bits {bits:#06x}"
+            );
+        }
+    }
+}
