@@ -59,6 +59,9 @@ struct Params {
 // transpose; the SwiGLU source) load every row of a tile without the row < M checks and step
 // one 64-bit row address by the row pitch; 0 = a checked load with its own address per row.
 #define TK_PC_FULLROWS 1
+// Knob (A/B): 1 = the row-major output (not transposed) is stored through one row address stepped
+// by K, with the rows < M test on a u32 count; 0 = a 64-bit compare and address per row.
+#define TK_PC_STOREPTR 1
 // Knob (A/B): 1 = a barrier at the end of every tile (before the next tile's shared writes);
 // 0 = none: not needed (see the end of the tile loop).
 #define TK_PC_TAILBAR 0
@@ -261,6 +264,16 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             for (int u = 0; u < 4; ++u) w[u] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 16 + 4 * u);
             u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
             tkq::store_bytes<16, VECIO>(dst, w);
+        }
+#elif TK_PC_STOREPTR
+        {
+            // One 64-bit address for row r0, stepped by the row pitch K; the rows < M test as a
+            // u32 count (rows of this thread inside the output: 0 .. RPT).
+            u8* o = reinterpret_cast<u8*>(p.out) + r0 * p.k + c0;  // (8,) of out row r0
+            const u32 rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;
+#pragma unroll
+            for (int i = 0; i < RPT; ++i, o += p.k)
+                if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
         }
 #else
 #pragma unroll
