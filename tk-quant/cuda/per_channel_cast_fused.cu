@@ -48,7 +48,8 @@ struct GatherSrc {
     // The raw words (and scales) of output rows r0 .. r0 + RPT - 1, columns c0 .. c0 + 8.
     __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
         const Row m = (Row)p.m, n_in = (Row)p.n_in;
-        if ((u32)r0 != rows_of) {  // a new row tile (always the first time)
+        // A new row tile (always the first time; every tile without runs, where nothing is kept).
+        if (TK_PC_RUN == 1 || (u32)r0 != rows_of) {
             rows_of = (u32)r0;
 #pragma unroll
             for (int i = 0; i < pc::RPT; ++i) {
