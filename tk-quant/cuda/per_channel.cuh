@@ -22,7 +22,7 @@
 // consecutive threads per 128-byte run of an output row (full sectors per store instruction).
 // A Src with PIPE (PlainSrc; its host then launches at most the resident CTAs, each looping
 // over row tiles) has the raw words of its next tile loaded right after the current tile's
-// codes are computed, so those loads are in flight during the current tile's staging, barriers
+// codes are computed (with EARLY, GatherSrc's e4m3 runs: right after its values), so those loads are in flight during the current tile's staging, barriers
 // and global stores (software pipeline).
 #pragma once
 #include "tk/fused_io.cuh"
@@ -48,24 +48,6 @@ struct Params {
     u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
 
-// Knob (A/B): 1 = the transposed tile packs each column's 4 row codes straight into its staging
-// word (session 7); 0 = row words of codes, then a byte gather into column words.
-#define TK_PC_COLPACK 1
-// Knob (A/B): 1 = inverse scales stored half-major ([block][j / 4][lx][j % 4]), so the two 16-byte
-// reads of a lane's 8 inverses are 8 consecutive float4 per quarter warp (conflict-free); 0 =
-// column-major [block][column] (lanes lx and lx + 4 in one bank: ncu-pcct, 2.2-way shared loads).
-#define TK_PC_INVSWZ 1
-// Knob (A/B): 1 = the sources of ops that validated M % 128 == 0 (PlainSrc: per_channel_cast_and_
-// transpose; the SwiGLU source) load every row of a tile without the row < M checks and step
-// one 64-bit row address by the row pitch; 0 = a checked load with its own address per row.
-#define TK_PC_FULLROWS 1
-// Knob (A/B): 1 = the row-major output (not transposed) is stored through one row address stepped
-// by K, with the rows < M test on a u32 count; 0 = a 64-bit compare and address per row.
-#define TK_PC_STOREPTR 1
-// Knob (A/B): 1 = a barrier at the end of every tile (before the next tile's shared writes);
-// 0 = none: not needed (see the end of the tile loop).
-#define TK_PC_TAILBAR 0
-
 namespace pc {
 
 constexpr int TR = 128, TC = 64, RPT = 4, LX = 8, LY = 4, WARPS = 8;
@@ -75,17 +57,6 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
-
-// Where column c's inverse scale lies in a scale block's row of inv_s: c (TK_PC_INVSWZ 0), or
-// the half-major order (c % 8 / 4, c / 8, c % 4), whose float4 LX h + lx holds columns
-// lx * 8 + 4 h .. + 3.
-__device__ __forceinline__ u32 inv_at(u32 c) {
-#if TK_PC_INVSWZ
-    return (c % 8 / 4) * (TC / 2) + (c / 8) * 4 + c % 4;
-#else
-    return c;
-#endif
-}
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
@@ -117,7 +88,7 @@ struct RowwiseLoad : NoPipe {
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
-    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales (TK_PC_INVSWZ: inv_at)
+    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
 #endif
@@ -193,24 +164,19 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-            inv_s[b][inv_at(c)] = inv;
+            inv_s[b][c] = inv;
             const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
             if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
         }
         __syncthreads();
         float inv[8];  // (columns,) inverse scales of this thread's block
         {
-#if TK_PC_INVSWZ
-            const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][0]);
-            const float4 i0 = is[lx], i1 = is[LX + lx];  // columns lx * 8 + 0..3, + 4..7
-#else
             const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
             const float4 i0 = is[0], i1 = is[1];
-#endif
             inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
             inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
         }
-#if TK_TRANSPOSE && TK_PC_COLPACK
+#if TK_TRANSPOSE
         // The transposed tile wants, per column, the codes of the thread's 4 rows as one word
         // (row i in byte i): each column's 4 scaled values go through e4m3_pack4 directly (the
         // same 2 conversions per 4 values as the row words, no byte gather afterwards).
@@ -234,15 +200,6 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         // instead of y), to be in flight during this tile's stores.
         if constexpr (PIPE && !Src::EARLY) prefetch();
 #if TK_TRANSPOSE
-#if !TK_PC_COLPACK
-        u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            cw[j] = 0;
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) cw[j] |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
-        }
-#endif
         u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
@@ -265,7 +222,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
             tkq::store_bytes<16, VECIO>(dst, w);
         }
-#elif TK_PC_STOREPTR
+#else
         {
             // One 64-bit address for row r0, stepped by the row pitch K; the rows < M test as a
             // u32 count (rows of this thread inside the output: 0 .. RPT).
@@ -275,18 +232,8 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             for (int i = 0; i < RPT; ++i, o += p.k)
                 if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
         }
-#else
-#pragma unroll
-        for (int i = 0; i < RPT; ++i)
-            if (r0 + i < p.m) tkq::store_bytes<8, VECIO>(reinterpret_cast<u8*>(p.out) + (r0 + i) * p.k + c0, q[i]);  // (8,) of out row
 #endif
-        // No barrier is needed before the next tile reuses red, inv_s and stage: its writes of
-        // red come after this tile's second barrier, which every read of red precedes; its
-        // writes of inv_s and stage come after its own first barrier, which no thread reaches
-        // before it has done this tile's reads of inv_s and stage.
-#if TK_PC_TAILBAR
-        __syncthreads();
-#endif
+        __syncthreads();  // red (and stage) are reused by the next tile
     }
 }
 
@@ -308,26 +255,16 @@ struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
     static constexpr bool PIPE = true, EARLY = false;
     static constexpr int W = tkq::Frag<IN>::BYTES / 4;
     struct Raw {
-        u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (0 for rows >= M: fp32 / bf16 0)
+        u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (every row < M: full tiles)
     };
     // The raw words of y[r0 + i, c0 .. c0 + 8) for i < RPT.
     static __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
-#if TK_PC_FULLROWS
         // Every tile is full (per_channel_cast_and_transpose validated M % 128 == 0).
         constexpr int B = IN == 0 ? 4 : 2;
         const u8* a = reinterpret_cast<const u8*>(p.x) + (r0 * p.ldx + c0) * B;  // (8,) of x row r0
         const u64 pitch = p.ldx * B;                                              // row pitch in bytes
 #pragma unroll
         for (int i = 0; i < RPT; ++i, a += pitch) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(a, raw.w[i]);
-#else
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            if (r0 + i < p.m) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(reinterpret_cast<const u8*>(p.x) + ((r0 + i) * p.ldx + c0) * (IN == 0 ? 4 : 2), raw.w[i]);
-            else
-#pragma unroll
-                for (int j = 0; j < W; ++j) raw.w[i][j] = 0;
-        }
-#endif
     }
     static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[RPT][8]) {
 #pragma unroll

@@ -11,21 +11,19 @@
 #error "TK_GATHER32 (1: u32 row indices, 0: u64) must be defined"
 #endif
 
-// Knob (A/B): 1 = e4m3 input (TK_IN 2) in runs (TK_PC_RUN > 1) has the software pipeline: the raw
-// codes and scales of the run's next tile (12 words) are loaded at the top of this tile, in
-// flight while it is reduced, scaled and stored; 0 = every tile loads its rows at its top.
-#define TK_PC_GPIPE 1
-
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
 // valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
 // row, the map load, the branch on its value, the data load and its use serialised two round
 // trips per row). Absent rows (src < 0, >= N_in, or row >= M) are raw zeros: +0 values.
 // The source rows of the thread's RPT output rows are kept for the next tiles of a run
 // (TK_PC_RUN: consecutive column tiles of the same rows): the map loads, their checks and the
-// selects happen once per row tile, not once per tile.
+// selects happen once per row tile, not once per tile. e4m3 input (TK_IN 2) in runs (the only
+// input the host runs: TK_PC_RUN > 1) has the software pipeline: the raw codes and scales of
+// the run's next tile (12 words) are loaded at the top of this tile, in flight while it is
+// reduced, scaled and stored; otherwise every tile loads its rows at its top.
 struct GatherSrc {
     static constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;  // bytes per element
-    static constexpr bool PIPE = TK_IN == 2 && TK_PC_RUN > 1 && TK_PC_GPIPE;
+    static constexpr bool PIPE = TK_IN == 2 && TK_PC_RUN > 1;
     static constexpr bool EARLY = true;  // 12 raw words: prefetched at the top of the tile
     // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below 2^32
     // (each row is at least 64 bytes of a device buffer), so with u32 the indices, the

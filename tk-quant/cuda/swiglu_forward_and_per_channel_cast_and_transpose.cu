@@ -14,12 +14,9 @@
 // slow-path calls, and the registers they clobber, out of the hot loop. The tile's words are
 // loaded at its top (no software pipeline: with the next tile's 32 words live across the stores
 // and 3 CTAs per SM it measured 10-25 % slower on the H200 than this at 4 CTAs per SM).
-// Knob (A/B): 1 = one code path per clamp mode (none, select, min / max), chosen once per tile;
-// 0 = the mode tested inside the row loop.
-#define TK_PC_CLAMPSPLIT 1
-// Knob (A/B): 1 = div_fast's range check on the tile's raw bf16 gate words (packed 16-bit min /
-// max of |bits|, ~1.5 instructions per gate pair); 0 = two compares per fp32 gate.
-#define TK_PC_RAWCHECK 1
+// The range check of the divisions is done on the tile's raw bf16 gate words (gates_in_range:
+// packed 16-bit min / max of |bits|, ~1.5 instructions per gate pair, instead of two compares
+// per fp32 gate). The clamp mode is read in the row loop (one code path for all modes).
 
 // Whether every bf16 gate in words g[0 .. n) (2 per word) has |l| in [2^-40, 40], i.e.
 // tkq::fast_div_ok of its (exact) fp32 widening: for bf16 bits with the sign cleared the
@@ -53,38 +50,22 @@ struct SwigluSrc : pc::NoPipe {
 #pragma unroll
         for (int t = 0; t < 4; ++t) w[t] = g[t], w[4 + t] = v[t];
     }
-    // The clamped gate and value of one row's raw words. CLAMP = has_clamp (0 none, 1 compares
-    // and selects, 2 min / max: host only for C > 0), or -1: read has_clamp here.
-    template <int CLAMP>
+    // The clamped gate and value of one row's raw words (has_clamp: 0 none, 1 compares and
+    // selects, 2 min / max: host only for C > 0).
     static __device__ __forceinline__ void gate_value(const Params& p, const u32 (&w)[8], float (&l)[8], float (&v)[8]) {
         const u32 gw[4] = {w[0], w[1], w[2], w[3]}, vw[4] = {w[4], w[5], w[6], w[7]};  // (words,)
         tkq::widen8<1>(gw, l);
         tkq::widen8<1>(vw, v);
-        const u32 mode = CLAMP >= 0 ? (u32)CLAMP : p.has_clamp;
-        if (mode == 2)
+        if (p.has_clamp == 2)
 #pragma unroll
             for (int j = 0; j < 8; ++j) pc::clamp_pos(l[j], v[j], p.clamp);
-        else if (mode == 1)
+        else if (p.has_clamp)
 #pragma unroll
             for (int j = 0; j < 8; ++j) tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);
     }
     // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j (+0 for rows >= M).
-    // With TK_PC_CLAMPSPLIT the clamp mode is dispatched once per tile, each mode its own code
-    // (ptxas otherwise merged no clamp and the compare-and-select clamp into one path with a
-    // branch around each row's clamp, and spilled in it).
     static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
-#if TK_PC_CLAMPSPLIT
-        if (p.has_clamp == 2) rows_c<2>(p, r0, c0, y);
-        else if (p.has_clamp) rows_c<1>(p, r0, c0, y);
-        else rows_c<0>(p, r0, c0, y);
-#else
-        rows_c<-1>(p, r0, c0, y);
-#endif
-    }
-    template <int CLAMP>
-    static __device__ __forceinline__ void rows_c(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
         u32 w[pc::RPT][8];  // (rows, words) the tile's raw words
-#if TK_PC_FULLROWS
         {
             // Every tile is full (the op validated M % 128 == 0): no row checks, one 64-bit
             // address stepped by the row pitch.
@@ -99,12 +80,7 @@ struct SwigluSrc : pc::NoPipe {
                 for (int t = 0; t < 4; ++t) w[i][t] = gw[t], w[i][4 + t] = vw[t];
             }
         }
-#else
-#pragma unroll
-        for (int i = 0; i < pc::RPT; ++i) fetch_row(p, r0 + i, c0, w[i]);
-#endif
-        bool ok = true;  // every (clamped) gate in div_fast's range
-#if TK_PC_RAWCHECK
+        bool ok;  // every (clamped) gate in div_fast's range
         {
             // On the raw gates; then the clamped ones are in range too when C >= 2^-40: a
             // clamped gate is C < l <= 40. A clamp below 2^-40 (C = 0) always takes the exact
@@ -112,19 +88,15 @@ struct SwigluSrc : pc::NoPipe {
             const u32 g[pc::RPT * 4] = {w[0][0], w[0][1], w[0][2], w[0][3], w[1][0], w[1][1], w[1][2], w[1][3],
                                         w[2][0], w[2][1], w[2][2], w[2][3], w[3][0], w[3][1], w[3][2], w[3][3]};  // (words,) gates
             static_assert(pc::RPT == 4, "gate words of 4 rows");
-            const bool clamped = CLAMP >= 0 ? CLAMP != 0 : p.has_clamp != 0;
-            ok = gates_in_range(g) && (!clamped || p.clamp >= 0x1p-40f);
+            ok = gates_in_range(g) && (!p.has_clamp || p.clamp >= 0x1p-40f);
         }
-#endif
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
             float l[8], v[8];  // (8,) gate, value
-            gate_value<CLAMP>(p, w[i], l, v);
+            gate_value(p, w[i], l, v);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                if (!TK_PC_RAWCHECK) ok &= tkq::fast_div_ok(l[j]);
+            for (int j = 0; j < 8; ++j)
                 y[i][j] = tkq::round_bf16(__fmul_rn(tkq::div_fast(l[j], __fadd_rn(1.0f, expf(-l[j]))), v[j]));
-            }
         }
         if (!ok) {
 #pragma unroll
@@ -132,7 +104,7 @@ struct SwigluSrc : pc::NoPipe {
                 u32 wi[8];  // (words,) row r0 + i, reloaded
                 fetch_row(p, r0 + i, c0, wi);
                 float l[8], v[8];  // (8,) gate, value
-                gate_value<CLAMP>(p, wi, l, v);
+                gate_value(p, wi, l, v);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) y[i][j] = tkq::round_bf16(tkq::swiglu_act(l[j], v[j]));
             }

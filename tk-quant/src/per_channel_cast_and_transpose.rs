@@ -409,18 +409,4 @@ mod index_model {
             }
         }
     }
-
-    /// `pc::inv_at` (TK_PC_INVSWZ): the float4 `8 h + lx` a lane reads holds the inverses of
-    /// columns `lx * 8 + 4 h .. + 3`, in order, and every column has its own slot.
-    #[test]
-    fn inverse_layout_matches_the_readers() {
-        let inv_at = |c: usize| (c % 8 / 4) * 32 + (c / 8) * 4 + c % 4;
-        let mut seen = [false; 64];
-        for c in 0..64 {
-            let (lx, j) = (c / 8, c % 8);
-            assert_eq!(inv_at(c), 4 * (8 * (j / 4) + lx) + j % 4, "column {c}");
-            assert!(!seen[inv_at(c)]);
-            seen[inv_at(c)] = true;
-        }
-    }
 }

@@ -293,9 +293,9 @@ pub use gpu::*;
 /// [`crate::per_channel_cast_and_transpose`] (not transposed, `npt = 128`) whose rows are
 /// gathered through `pos_to_token` and, fused, dequantized (`fl(dec8 · s_in)`) on load;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
-/// A CTA casts a run of consecutive column tiles of one row tile, its threads' source rows
-/// looked up once per run; e4m3 input prefetches the run's next tile while casting the current
-/// one. No host synchronisation.
+/// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
+/// source rows looked up once per run, and prefetches the run's next tile while casting the
+/// current one; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -356,13 +356,15 @@ mod gpu {
         }
     }
 
-    /// Knob (A/B): tiles per CTA run by input (fp32, bf16, e4m3 + scales): a CTA casts that
-    /// many consecutive column tiles of one row tile, its source rows (map loads, checks)
-    /// computed once for them (`GatherSrc`); 1: one CTA per tile (2D grid).
-    const COL_RUN: [usize; 3] = [4, 4, 4];
+    /// Tiles per CTA run by input (fp32, bf16, e4m3 + scales): a CTA casts that many
+    /// consecutive column tiles of one row tile, its source rows (map loads, checks) computed
+    /// once for them and (e4m3) the next tile prefetched (`GatherSrc`); 1: one CTA per tile
+    /// (2D grid). Runs only for e4m3 input: on the H200 (meas31) runs of 4 made e4m3 + scales
+    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower.
+    const COL_RUN: [usize; 3] = [1, 1, 4];
 
-    /// Knob (A/B): CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills
-    /// with runs), 5 (48 registers: 4 bytes of spills without runs, 32-40 with).
+    /// CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills with runs); 5
+    /// (48 registers: 32-40 bytes of spills with runs) measured plain e4m3 2.39x slower.
     const E4M3_MIN_BLOCKS: usize = 4;
 
     /// The tile loop of input `input`.

@@ -154,10 +154,6 @@ mod gpu {
     /// CTAs per SM for the launch bounds: 64 registers.
     const MIN_BLOCKS: usize = 4;
 
-    /// Knob (A/B): a clamp `C > 0` as 3 NaN-propagating min / max per pair instead of 3
-    /// compares and 3 selects (the SASS of the clamped tile: ~8 instructions per element).
-    const CLAMP_MINMAX: bool = true;
-
     /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn spec(npt: usize, round_sf: bool, transpose: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(
@@ -199,9 +195,9 @@ mod gpu {
             ..PerChannelArgs::default()
         };
         if let Some(c) = params.swiglu_clamp_value {
-            // 2: the clamp as NaN-propagating min / max (`pc::clamp_pos`, exact for C > 0).
-            let minmax = CLAMP_MINMAX && c > 0.0;
-            (args.has_clamp, args.clamp) = (if minmax { 2 } else { 1 }, c);
+            // 2: a clamp C > 0 as 3 NaN-propagating min / max per pair (`pc::clamp_pos`, exact
+            // for C > 0) instead of 3 compares and 3 selects (1).
+            (args.has_clamp, args.clamp) = (if c > 0.0 { 2 } else { 1 }, c);
         }
         Ok((plan, args))
     }
@@ -258,7 +254,7 @@ mod gpu {
     }
 }
 
-/// CPU model of the kernel's range check on raw gate words (`gates_in_range`, TK_PC_RAWCHECK).
+/// CPU model of the kernel's range check on raw gate words (`gates_in_range`).
 #[cfg(test)]
 mod raw_check_model {
     use half::bf16;
