@@ -10,7 +10,7 @@
 //
 // Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_MINB (the kernels' CTAs per SM for
 // __launch_bounds__), TK_VECIO (1: 16-byte accesses; every row start and the outputs 16-byte
-// aligned), plus the op's own.
+// aligned), TK_PC_RUN (tiles per CTA run, 1: the strided tile loop), plus the op's own.
 //
 // Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
 // groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
@@ -22,7 +22,7 @@
 // consecutive threads per 128-byte run of an output row (full sectors per store instruction).
 // A Src with PIPE (PlainSrc; its host then launches at most the resident CTAs, each looping
 // over row tiles) has the raw words of its next tile loaded right after the current tile's
-// codes are computed, so those loads are in flight during the current tile's staging, barriers
+// codes are computed (with EARLY, GatherSrc's e4m3 runs: right after its values), so those loads are in flight during the current tile's staging, barriers
 // and global stores (software pipeline).
 #pragma once
 #include "tk/fused_io.cuh"
@@ -43,7 +43,7 @@ struct Params {
     u64 sf;            // fp32 (ceil(M/NPT), K), contiguous
     u64 m, k;          // output rows and columns
     u64 h;             // SwiGLU: offset of the value half (= K)
-    u32 has_clamp;
+    u32 has_clamp;     // SwiGLU: 0 no clamp, 1 compares and selects, 2 min / max (C > 0)
     float clamp;
     u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
@@ -56,10 +56,11 @@ constexpr int NB = TR / TK_NPT;           // scale blocks per tile
 constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
+static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
-    static constexpr bool PIPE = false;
+    static constexpr bool PIPE = false, EARLY = false;
     struct Raw {};
     static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
     static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
@@ -81,7 +82,9 @@ struct RowwiseLoad : NoPipe {
 
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
 // 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
-// c0, raw) (the raw words of those values, issued one tile ahead) and widen(raw, y).
+// c0, raw) (the raw words of those values, issued one tile ahead: right after the current tile's
+// widen(raw, y) with EARLY, else after its codes) and widen(raw, y). One Src
+// object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
@@ -95,26 +98,50 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     // a 2D grid (tiles_c, rows) gives CTA (x, y) column tile x and rows y, y + rows, ...; a 1D
     // persistent grid spreads the tiles evenly over every resident CTA. The stride nb is
     // (step_r, step_c) in (row, column) tiles (kernel arguments: no registers), stepped with
-    // one carry (no division per tile). u32: an
-    // output holds at least 8 KiB per tile, so there are fewer than 2^32 tiles.
+    // one carry (no division per tile). With TK_PC_RUN = R > 1 (runs; 1D grid of ceil(T / R)
+    // CTAs) CTA b takes the R consecutive tiles t = R b .. R b + R - 1 instead: consecutive
+    // column tiles of one row tile (wrapping to the next row tile), so a Src keeps its per-row
+    // work (a gather's source rows) across them. u32: an output holds at least 8 KiB per tile,
+    // so there are fewer than 2^32 tiles (and R b < T + R).
     const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
     const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
-    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of t + nb (host-computed stride)
-        tc += p.step_c;
-        tr += p.step_r;
-        if (tc >= tiles_c) tc -= tiles_c, ++tr;
+    constexpr u32 RUN = TK_PC_RUN;
+    const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of this CTA's next tile
+        if constexpr (RUN > 1) {
+            if (++tc == tiles_c) tc = 0, ++tr;
+        } else {  // t + nb (host-computed stride)
+            tc += p.step_c;
+            tr += p.step_r;
+            if (tc >= tiles_c) tc -= tiles_c, ++tr;
+        }
     };
+    // Whether this CTA's n-th tile (row tile tr) exists.
+    const auto live = [&](u32 n, u32 tr) { return tr < tiles_r && (RUN == 1 || n < RUN); };
     constexpr bool PIPE = Src::PIPE;
+    Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
-    u32 tr32 = b / tiles_c, tc32 = b % tiles_c;  // this CTA's current tile
+    const u32 t0 = RUN > 1 ? b * RUN : b;            // this CTA's first tile
+    u32 tr32 = t0 / tiles_c, tc32 = t0 % tiles_c;  // this CTA's current tile
     if constexpr (PIPE)
-        if (tr32 < tiles_r) Src::fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
-    for (; tr32 < tiles_r; step(tr32, tc32)) {
+        if (live(0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+    for (u32 n = 0; live(n, tr32); ++n, step(tr32, tc32)) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         float y[RPT][8];  // (rows, columns) values
-        if constexpr (PIPE) Src::widen(raw, y);  // raw holds tile (tr, tc)
-        else Src::rows(p, r0, c0, y);
+        // PIPE: the loads of this CTA's next tile, into raw (dead once y holds its values).
+        const auto prefetch = [&] {
+            u32 ntr = tr32, ntc = tc32;  // this CTA's next tile
+            step(ntr, ntc);
+            if (live(n + 1, ntr)) src.fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
+        };
+        if constexpr (PIPE) {
+            src.widen(raw, y);  // raw holds tile (tr, tc)
+            // Src::EARLY (a Src with few raw words): the next tile's loads go out now, in flight
+            // during this whole tile (reduction, barriers, scales, codes, stores).
+            if constexpr (Src::EARLY) prefetch();
+        } else {
+            src.rows(p, r0, c0, y);
+        }
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -149,6 +176,16 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
             inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
         }
+#if TK_TRANSPOSE
+        // The transposed tile wants, per column, the codes of the thread's 4 rows as one word
+        // (row i in byte i): each column's 4 scaled values go through e4m3_pack4 directly (the
+        // same 2 conversions per 4 values as the row words, no byte gather afterwards).
+        u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            cw[j] = tkq::e4m3_pack4(__fmul_rn(y[0][j], inv[j]), __fmul_rn(y[1][j], inv[j]), __fmul_rn(y[2][j], inv[j]),
+                                    __fmul_rn(y[3][j], inv[j]));
+#else
         u32 q[RPT][2];  // (rows, 8 codes as 2 words)
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
@@ -158,21 +195,11 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             q[i][0] = tkq::e4m3_pack4(z[0], z[1], z[2], z[3]);
             q[i][1] = tkq::e4m3_pack4(z[4], z[5], z[6], z[7]);
         }
-        if constexpr (PIPE) {
-            // The loads of the next tile of the loops below are issued now (raw is dead:
-            // y holds its values), to be in flight during this tile's stores.
-            u32 ntr = tr32, ntc = tc32;  // this CTA's next tile
-            step(ntr, ntc);
-            if (ntr < tiles_r) Src::fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
-        }
+#endif
+        // Otherwise the loads of the next tile go out now (fewer registers live: the codes
+        // instead of y), to be in flight during this tile's stores.
+        if constexpr (PIPE && !Src::EARLY) prefetch();
 #if TK_TRANSPOSE
-        u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            cw[j] = 0;
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) cw[j] |= ((q[i][j / 4] >> (8 * (j % 4))) & 0xFF) << (8 * i);
-        }
         u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
@@ -196,31 +223,48 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             tkq::store_bytes<16, VECIO>(dst, w);
         }
 #else
+        {
+            // One 64-bit address for row r0, stepped by the row pitch K; the rows < M test as a
+            // u32 count (rows of this thread inside the output: 0 .. RPT).
+            u8* o = reinterpret_cast<u8*>(p.out) + r0 * p.k + c0;  // (8,) of out row r0
+            const u32 rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;
 #pragma unroll
-        for (int i = 0; i < RPT; ++i)
-            if (r0 + i < p.m) tkq::store_bytes<8, VECIO>(reinterpret_cast<u8*>(p.out) + (r0 + i) * p.k + c0, q[i]);  // (8,) of out row
+            for (int i = 0; i < RPT; ++i, o += p.k)
+                if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
+        }
 #endif
         __syncthreads();  // red (and stage) are reused by the next tile
     }
 }
 
+// tkq::swiglu_clamp<true>(l, v, c) for c > 0 (finite) as 3 NaN-propagating min / max (FMNMX.NAN)
+// instead of 3 compares and 3 selects: l = min(l, c), v = max(min(v, c), -c). Equal for every
+// non-NaN input (with c > 0 no tie involves a signed zero: l = c or v = +-c give the same value
+// either way), and NaN stays NaN (select: the input NaN; here the canonical NaN): after the
+// activation and the bf16 rounding either NaN is encoded 0x7F (§1.1) and ignored by the
+// maxima (fmaxf), so the outputs are the same bits. The host uses it only when c > 0.
+__device__ __forceinline__ void clamp_pos(float& l, float& v, float c) {
+    asm("min.NaN.f32 %0, %0, %1;" : "+f"(l) : "f"(c));
+    asm("min.NaN.f32 %0, %0, %1;" : "+f"(v) : "f"(c));
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(v) : "f"(-c));
+}
+
 // Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
 template <int IN>
 struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
-    static constexpr bool PIPE = true;
+    static constexpr bool PIPE = true, EARLY = false;
     static constexpr int W = tkq::Frag<IN>::BYTES / 4;
     struct Raw {
-        u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (0 for rows >= M: fp32 / bf16 0)
+        u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (every row < M: full tiles)
     };
     // The raw words of y[r0 + i, c0 .. c0 + 8) for i < RPT.
     static __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
+        // Every tile is full (per_channel_cast_and_transpose validated M % 128 == 0).
+        constexpr int B = IN == 0 ? 4 : 2;
+        const u8* a = reinterpret_cast<const u8*>(p.x) + (r0 * p.ldx + c0) * B;  // (8,) of x row r0
+        const u64 pitch = p.ldx * B;                                              // row pitch in bytes
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            if (r0 + i < p.m) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(reinterpret_cast<const u8*>(p.x) + ((r0 + i) * p.ldx + c0) * (IN == 0 ? 4 : 2), raw.w[i]);
-            else
-#pragma unroll
-                for (int j = 0; j < W; ++j) raw.w[i][j] = 0;
-        }
+        for (int i = 0; i < RPT; ++i, a += pitch) tkq::load_bytes<tkq::Frag<IN>::BYTES, VECIO>(a, raw.w[i]);
     }
     static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[RPT][8]) {
 #pragma unroll

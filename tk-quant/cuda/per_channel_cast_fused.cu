@@ -15,41 +15,62 @@
 // valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
 // row, the map load, the branch on its value, the data load and its use serialised two round
 // trips per row). Absent rows (src < 0, >= N_in, or row >= M) are raw zeros: +0 values.
-struct GatherSrc : pc::NoPipe {
-    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
-        constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;
-        // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below
-        // 2^32 (each row is at least 64 bytes of a device buffer), so with u32 the indices, the
-        // comparisons and the selects need one register and one instruction instead of two
-        // (the widening to u64 happens in the address products).
+// The source rows of the thread's RPT output rows are kept for the next tiles of a run
+// (TK_PC_RUN: consecutive column tiles of the same rows): the map loads, their checks and the
+// selects happen once per row tile, not once per tile. e4m3 input (TK_IN 2) in runs (the only
+// input the host runs: TK_PC_RUN > 1) has the software pipeline: the raw codes and scales of
+// the run's next tile (12 words) are loaded at the top of this tile, in flight while it is
+// reduced, scaled and stored; otherwise every tile loads its rows at its top.
+struct GatherSrc {
+    static constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;  // bytes per element
+    static constexpr bool PIPE = TK_IN == 2 && TK_PC_RUN > 1;
+    static constexpr bool EARLY = true;  // 12 raw words: prefetched at the top of the tile
+    // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below 2^32
+    // (each row is at least 64 bytes of a device buffer), so with u32 the indices, the
+    // comparisons and the selects need one register and one instruction instead of two (the
+    // widening to u64 happens in the address products).
 #if TK_GATHER32
-        using Row = u32;
+    using Row = u32;
 #else
-        using Row = u64;
+    using Row = u64;
 #endif
-        const Row m = (Row)p.m, n_in = (Row)p.n_in;
-        bool ok[pc::RPT];  // (rows,) source row valid
-        Row src[pc::RPT];  // (rows,) source row
-#pragma unroll
-        for (int i = 0; i < pc::RPT; ++i) {
-            const Row r = (Row)r0 + i;
-            i32 s = (i32)r;
-            if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
-            ok[i] = r < m && s >= 0 && (Row)s < n_in;
-            src[i] = ok[i] ? (Row)s : 0;
-        }
+    static constexpr u32 ABSENT = ~0u;  // src of an absent row (N_in < 2^32)
+    u32 src[pc::RPT];                   // (rows,) source row, or ABSENT
+    u32 rows_of = ~0u;                  // the r0 (first output row) src belongs to; ~0: none yet (r0 < M < 2^32)
+
+    struct Raw {
         u32 w[pc::RPT][B * 2];  // (rows, raw words of 8 elements); 0 (= +0 values) for absent rows
         float sc[pc::RPT];      // (rows,) input scale (fused cast back), 1 for absent rows
+    };
+
+    // The raw words (and scales) of output rows r0 .. r0 + RPT - 1, columns c0 .. c0 + 8.
+    __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
+        const Row m = (Row)p.m, n_in = (Row)p.n_in;
+        // A new row tile (always the first time; every tile without runs, where nothing is kept).
+        if (TK_PC_RUN == 1 || (u32)r0 != rows_of) {
+            rows_of = (u32)r0;
+#pragma unroll
+            for (int i = 0; i < pc::RPT; ++i) {
+                const Row r = (Row)r0 + i;
+                i32 s = (i32)r;
+                if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
+                src[i] = r < m && s >= 0 && (Row)s < n_in ? (u32)s : ABSENT;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
 #pragma unroll
-            for (int t = 0; t < B * 2; ++t) w[i][t] = 0;
-            sc[i] = 1.0f;
-            if (ok[i]) {
-                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (u64{src[i]} * p.ldx + c0) * B, w[i]);
-                if (TK_IN == 2) sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];
+            for (int t = 0; t < B * 2; ++t) raw.w[i][t] = 0;
+            raw.sc[i] = 1.0f;
+            if (src[i] != ABSENT) {
+                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (u64{src[i]} * p.ldx + c0) * B, raw.w[i]);
+                if (TK_IN == 2) raw.sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];
             }
         }
+    }
+
+    // y[i][j]: the values of raw's words.
+    static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[pc::RPT][8]) {
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
 #if TK_IN == 2
@@ -57,14 +78,21 @@ struct GatherSrc : pc::NoPipe {
             // per conversion, 2026-12-01).
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
-                const float2 f = tkq::e4m3x2_value(w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
-                y[i][j] = __fmul_rn(f.x, sc[i]);
-                y[i][j + 1] = __fmul_rn(f.y, sc[i]);
+                const float2 f = tkq::e4m3x2_value(raw.w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
+                y[i][j] = __fmul_rn(f.x, raw.sc[i]);
+                y[i][j + 1] = __fmul_rn(f.y, raw.sc[i]);
             }
 #else
-            tkq::widen8<TK_IN>(w[i], y[i]);
+            tkq::widen8<TK_IN>(raw.w[i], y[i]);
 #endif
         }
+    }
+
+    // Without PIPE: the tile's loads, then the widening.
+    __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
+        Raw raw;  // the tile's raw words
+        fetch(p, r0, c0, raw);
+        widen(raw, y);
     }
 };
 

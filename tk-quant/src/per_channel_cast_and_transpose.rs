@@ -174,7 +174,8 @@ mod gpu {
     pub(crate) const PLAIN_MIN_BLOCKS: usize = 5;
 
     /// A per-channel kernel specialisation: `source` with the tile's defines (`min_blocks`:
-    /// CTAs per SM for the launch bounds) and the op's own.
+    /// CTAs per SM for the launch bounds; `grid`: the tile loop, see [`PerChannelGrid`]) and
+    /// the op's own.
     pub(crate) fn per_channel_spec(
         source: &'static KernelSource,
         npt: usize,
@@ -182,6 +183,7 @@ mod gpu {
         transpose: bool,
         vecio: bool,
         min_blocks: usize,
+        grid: PerChannelGrid,
     ) -> KernelSpec {
         KernelSpec::new(source)
             .define("TK_NPT", npt)
@@ -189,20 +191,47 @@ mod gpu {
             .define("TK_TRANSPOSE", transpose as u8)
             .define("TK_VECIO", vecio as u8)
             .define("TK_MINB", min_blocks)
+            .define("TK_PC_RUN", grid.run())
+    }
+
+    /// How the CTAs of a per-channel launch cover the 128 x 64 tiles.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum PerChannelGrid {
+        /// A 2D grid `(K/64, min(row tiles, 65535))`, CTA `(x, y)` taking column tile `x` of
+        /// row tiles `y`, `y + rows`, ...
+        Tiles,
+        /// At most `sm_count x b` CTAs (`b` = the kernel's CTAs per SM), the tiles dealt
+        /// round-robin (row-major), each CTA looping over its tiles (for a Src whose next tile
+        /// is prefetched).
+        Persistent(usize),
+        /// Runs of `r` consecutive row-major tiles per CTA (`TK_PC_RUN`; column tiles of one
+        /// row tile, for a Src that keeps per-row work across them), a 1D grid of
+        /// `ceil(tiles / r)` CTAs.
+        Runs(usize),
+    }
+
+    impl PerChannelGrid {
+        /// `TK_PC_RUN`: the run length (1 unless `Runs`).
+        fn run(self) -> usize {
+            match self {
+                PerChannelGrid::Runs(r) => r,
+                _ => 1,
+            }
+        }
     }
 
     /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
     /// `plan` (block `(npt, 1)`, layout A), then launches `spec_for(vecio)` over `plan`'s
     /// tiles with `args` (inputs filled in by the op; `input_align`: their addresses and row
     /// pitches in bytes, for the vector-access decision) into `(out, out_sf)`;
-    /// `persistent: Some(b)`: at most `sm_count × b` CTAs (`b` = the kernel's CTAs per SM),
-    /// looping over row tiles (for a kernel whose Src has the pipeline's prefetch).
+    /// `grid`: how the CTAs cover the tiles (the kernel's `TK_PC_RUN` must match: `spec_for`
+    /// builds it with [`per_channel_spec`] and the same `grid`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_per_channel(
         dev: &Device,
         plan: &CastPlan,
         transpose: bool,
-        persistent: Option<usize>,
+        grid: PerChannelGrid,
         mut args: PerChannelArgs,
         input_align: &[u64],
         (out, out_sf): (&mut DeviceQuantDataViewMut<'_>, &mut DeviceScales),
@@ -222,16 +251,18 @@ mod gpu {
             return Ok(());
         }
         let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
-        let grid = match persistent {
+        let grid = match grid {
             // Every resident CTA, the tiles dealt round-robin (row-major): per SM at most one
             // tile more than the average (2.8 % faster on the H200 than one CTA per column tile
             // x the fewest CTA rows holding the row tiles in one wave, which left some SMs with
             // a CTA fewer).
-            Some(per_sm) => {
+            PerChannelGrid::Persistent(per_sm) => {
                 let slots = dev.props().sm_count.max(1) as usize * per_sm;
                 ((tiles_r * tiles_c).min(slots) as u32, 1)
             }
-            None => (tiles_c as u32, tiles_r.min(65535) as u32),
+            // Fewer than 2^31 CTAs: every tile is at least 8 KiB of the output.
+            PerChannelGrid::Runs(r) => ((tiles_r * tiles_c).div_ceil(r) as u32, 1),
+            PerChannelGrid::Tiles => (tiles_c as u32, tiles_r.min(65535) as u32),
         };
         let nb = grid.0 as usize * grid.1 as usize;
         (args.step_r, args.step_c) = ((nb / tiles_c) as u32, (nb % tiles_c) as u32);
@@ -301,7 +332,7 @@ mod gpu {
             x.device(),
             &plan,
             true,
-            Some(PLAIN_MIN_BLOCKS),
+            PerChannelGrid::Persistent(PLAIN_MIN_BLOCKS),
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
@@ -311,7 +342,15 @@ mod gpu {
 
     /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn plain_spec(npt: usize, round_sf: bool, vecio: bool) -> KernelSpec {
-        per_channel_spec(&SOURCE, npt, round_sf, true, vecio, PLAIN_MIN_BLOCKS)
+        per_channel_spec(
+            &SOURCE,
+            npt,
+            round_sf,
+            true,
+            vecio,
+            PLAIN_MIN_BLOCKS,
+            PerChannelGrid::Persistent(PLAIN_MIN_BLOCKS),
+        )
     }
 
     /// `per_channel_cast_and_transpose` on the GPU: e4m3 data `(K, M)` (the transpose) and
@@ -328,5 +367,46 @@ mod gpu {
         let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
         per_channel_cast_and_transpose_into(x, params, &mut d.view_mut(), &mut s)?;
         Ok((d, s))
+    }
+}
+
+/// CPU models of the per-channel kernels' index math (`cuda/per_channel.cuh`).
+#[cfg(test)]
+mod index_model {
+    /// The tile loop with `TK_PC_RUN = run > 1`: CTA `b` of `ceil(T / run)` takes tiles
+    /// `run b ..` stepped `(tr, tc + 1)` with a carry, while `tr < tiles_r` and `n < run`.
+    fn run_tiles(tiles_r: u32, tiles_c: u32, run: u32) -> Vec<(u32, u32)> {
+        let ctas = (tiles_r * tiles_c).div_ceil(run);
+        let mut v = Vec::new();
+        for b in 0..ctas {
+            let t0 = b * run;
+            let (mut tr, mut tc) = (t0 / tiles_c, t0 % tiles_c);
+            let mut n = 0;
+            while tr < tiles_r && n < run {
+                v.push((tr, tc));
+                tc += 1;
+                if tc == tiles_c {
+                    (tc, tr) = (0, tr + 1);
+                }
+                n += 1;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn runs_cover_every_tile_once() {
+        for tiles_r in [1, 2, 3, 7, 198] {
+            for tiles_c in [1, 2, 3, 9, 10, 112] {
+                for run in [2, 3, 4, 8] {
+                    let mut v = run_tiles(tiles_r, tiles_c, run);
+                    v.sort_unstable();
+                    let all: Vec<_> = (0..tiles_r)
+                        .flat_map(|r| (0..tiles_c).map(move |c| (r, c)))
+                        .collect();
+                    assert_eq!(v, all, "tiles {tiles_r}x{tiles_c} run {run}");
+                }
+            }
+        }
     }
 }

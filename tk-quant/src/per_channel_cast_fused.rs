@@ -293,7 +293,9 @@ pub use gpu::*;
 /// [`crate::per_channel_cast_and_transpose`] (not transposed, `npt = 128`) whose rows are
 /// gathered through `pos_to_token` and, fused, dequantized (`fl(dec8 · s_in)`) on load;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
-/// No host synchronisation.
+/// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
+/// source rows looked up once per run, and prefetches the run's next tile while casting the
+/// current one; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -310,7 +312,8 @@ mod gpu {
     use crate::cast::check_same_device;
     use crate::device::{DevicePlainInput, DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
     use crate::per_channel_cast_and_transpose::{
-        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS, PLAIN_MIN_BLOCKS,
+        launch_per_channel, per_channel_spec, PerChannelArgs, PerChannelGrid, PER_CHANNEL_HEADERS,
+        PLAIN_MIN_BLOCKS,
     };
     use crate::plan::CastPlan;
     use crate::swiglu::check_device_vector;
@@ -353,6 +356,25 @@ mod gpu {
         }
     }
 
+    /// Tiles per CTA run by input (fp32, bf16, e4m3 + scales): a CTA casts that many
+    /// consecutive column tiles of one row tile, its source rows (map loads, checks) computed
+    /// once for them and (e4m3) the next tile prefetched (`GatherSrc`); 1: one CTA per tile
+    /// (2D grid). Runs only for e4m3 input: on the H200 (meas31) runs of 4 made e4m3 + scales
+    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower.
+    const COL_RUN: [usize; 3] = [1, 1, 4];
+
+    /// CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills with runs); 5
+    /// (48 registers: 32-40 bytes of spills with runs) measured plain e4m3 2.39x slower.
+    const E4M3_MIN_BLOCKS: usize = 4;
+
+    /// The tile loop of input `input`.
+    fn grid(input: u8) -> PerChannelGrid {
+        match COL_RUN[input as usize] {
+            1 => PerChannelGrid::Tiles,
+            r => PerChannelGrid::Runs(r),
+        }
+    }
+
     fn spec(input: u8, round_sf: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
@@ -361,8 +383,14 @@ mod gpu {
             false,
             vecio,
             // fp32 rows hold 32 raw words per thread across the gather's load phase: 48
-            // registers (5 CTAs per SM) spilled 32 bytes there, 64 (4 CTAs) do not.
-            if input == 0 { 4 } else { PLAIN_MIN_BLOCKS },
+            // registers (5 CTAs per SM) spilled 32 bytes there, 64 (4 CTAs) do not. e4m3 input
+            // in runs (the cached source rows): 32-40 bytes of spills at 48 registers.
+            match input {
+                0 => 4,
+                1 => PLAIN_MIN_BLOCKS,
+                _ => E4M3_MIN_BLOCKS,
+            },
+            grid(input),
         )
         .define("TK_IN", input)
         // u32 row indices for e4m3 input with fp32 scales (3-4 % faster on the H200); with
@@ -454,7 +482,7 @@ mod gpu {
             device(x),
             &plan,
             false,
-            None,
+            grid(input),
             args,
             &align,
             (out, out_sf),

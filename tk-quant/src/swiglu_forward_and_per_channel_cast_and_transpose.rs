@@ -138,7 +138,7 @@ mod gpu {
     use super::{validate_dims, SwigluPerChannelParams, NUM_PER_TOKENS};
     use crate::device::{DeviceQuantData, DeviceQuantDataViewMut, DeviceScales};
     use crate::per_channel_cast_and_transpose::{
-        launch_per_channel, per_channel_spec, PerChannelArgs, PER_CHANNEL_HEADERS,
+        launch_per_channel, per_channel_spec, PerChannelArgs, PerChannelGrid, PER_CHANNEL_HEADERS,
     };
     use crate::plan::CastPlan;
     use crate::types::{check_matrix, check_nonempty_k, CastFormat};
@@ -156,7 +156,15 @@ mod gpu {
 
     /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn spec(npt: usize, round_sf: bool, transpose: bool, vecio: bool) -> KernelSpec {
-        per_channel_spec(&SOURCE, npt, round_sf, transpose, vecio, MIN_BLOCKS)
+        per_channel_spec(
+            &SOURCE,
+            npt,
+            round_sf,
+            transpose,
+            vecio,
+            MIN_BLOCKS,
+            PerChannelGrid::Tiles,
+        )
     }
 
     /// The specialisations the tests and benchmarks launch.
@@ -187,7 +195,9 @@ mod gpu {
             ..PerChannelArgs::default()
         };
         if let Some(c) = params.swiglu_clamp_value {
-            (args.has_clamp, args.clamp) = (1, c);
+            // 2: a clamp C > 0 as 3 NaN-propagating min / max per pair (`pc::clamp_pos`, exact
+            // for C > 0) instead of 3 compares and 3 selects (1).
+            (args.has_clamp, args.clamp) = (if c > 0.0 { 2 } else { 1 }, c);
         }
         Ok((plan, args))
     }
@@ -210,7 +220,7 @@ mod gpu {
             x.device(),
             &plan,
             transpose,
-            None,
+            PerChannelGrid::Tiles,
             args,
             &[args.x, args.ldx * 2],
             (out, out_sf),
@@ -241,5 +251,29 @@ mod gpu {
             &mut s,
         )?;
         Ok((d, s))
+    }
+}
+
+/// CPU model of the kernel's range check on raw gate words (`gates_in_range`).
+#[cfg(test)]
+mod raw_check_model {
+    use half::bf16;
+
+    /// `tkq::fast_div_ok` on the fp32 widening of a gate.
+    fn fast_div_ok(l: f32) -> bool {
+        l.abs() >= 2f32.powi(-40) && l.abs() <= 40.0
+    }
+
+    #[test]
+    fn raw_range_check_is_fast_div_ok_for_every_bf16() {
+        for bits in 0..=u16::MAX {
+            let a = bits & 0x7FFF;
+            let raw = (0x2B80..=0x4220).contains(&a);
+            assert_eq!(
+                raw,
+                fast_div_ok(bf16::from_bits(bits).to_f32()),
+                "bf16 bits {bits:#06x}"
+            );
+        }
     }
 }
