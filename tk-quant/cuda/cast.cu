@@ -360,6 +360,14 @@ constexpr bool SF_WORDS = TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK 
 // instead of 0, and compute_scale maps both to eps (fmaxf(amax, eps)): the same scales.
 constexpr bool AMAX_PAIRS = TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 == 0;
 
+// Blocks taller than a row (BM > 1, BK > 1) of bf16 input fold the |x| maxima of all the
+// thread's rows as packed bf16 pairs (max.bf16x2, NaN-ignoring like fmaxf) and unpack once,
+// instead of unpacking and folding each row's pair in fp32 (frag_amax: 2 unpacks + 2 FMNMX +
+// the row fold per row; 8 rows per thread in the 128x128 and the 32x32 e2m1 tiles). The same
+// maximum: max(0, every non-NaN |x|) either way.
+#define PB_AMAX_PACKED 1
+constexpr bool AMAX_PACKED_ROWS = PB_AMAX_PACKED && TK_IN == 1 && TK_BM > 1 && TK_BK > 1;
+
 #if TK_IN == 1
 // (2,) bf16 lane-wise max of |x| over the FK fragments of one row (NaN ignored, +0 if none).
 __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
@@ -588,6 +596,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             for (int i = 0; i < NR; ++i)
 #pragma unroll
                 for (int b = 0; b < NB; ++b) am[i][b] = 0.0f;
+#if TK_IN == 1
+            u32 mp = 0;  // (2,) PB_AMAX_PACKED: bf16 lane-wise max of |x| over the thread's rows
+#endif
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 float& a0 = am[TK_BM == 1 ? i : 0][0];
@@ -596,10 +607,17 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     values(p, raw[i], r0 + i, c0, v);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) am[0][TK_BK == 1 ? j : 0] = fmaxf(am[0][TK_BK == 1 ? j : 0], fabsf(v[j]));
+#if TK_IN == 1
+                } else if constexpr (AMAX_PACKED_ROWS) {
+                    mp = bf16x2_max(mp, row_amax2(raw + i * FK));
+#endif
                 } else {
                     a0 = fmaxf(a0, frag_amax(p, raw[i], r0 + i, c0));
                 }
             }
+#if TK_IN == 1
+            if constexpr (AMAX_PACKED_ROWS) am[0][0] = fmaxf(fmaxf(0.0f, __uint_as_float(mp << 16)), __uint_as_float(mp & 0xFFFF0000u));
+#endif
 #pragma unroll
             for (int o = 1; o < LK; o <<= 1)
 #pragma unroll
