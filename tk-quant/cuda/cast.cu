@@ -258,6 +258,10 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 out, ix c0, cons
 // bf16 input could be significant after the product, and the encoder must not depend on
 // whether the bf16 multiply flushes subnormal inputs.
 #define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
+// PB_E2M1_HOIST (blocks taller than a row, E2M1_PACKED): the packed encoder's inverse-scale
+// pairs and the 2^120 test are made once per tile instead of per row (see the tiled path's
+// stores); 0: cast_frag per row.
+#define PB_E2M1_HOIST 1
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it at
 // byte offset out (out_at(p, r, c0); columns < K only): store_frag of values(raw).
@@ -701,6 +705,30 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             // instructions per row for that, beside ~48 for the packed encode and store of 8
             // values).
             u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0
+#if E2M1_PACKED
+            if constexpr (PB_E2M1_HOIST && TK_BM > 1 && TK_BK > 1) {
+                // One inverse scale for all the thread's rows (one block row, one block column):
+                // its bf16 pair and the 2^120 test of cast_frag made once per tile, then a
+                // straight run of packed encodes with predicated stores. The SASS of cast_frag
+                // per row (bf16 -> e2m1 32x32 / 128x128) rebuilt the pair (2 PRMT), branched on
+                // the hoisted test and on the row's bounds (BSSY/BSYNC, 2 BRA): ~8 of the ~57
+                // issued instructions of a row of 8 values. Bit-identical: the same encoder on
+                // the same operands; the fallback (inverse above 2^120) stays cast_frag's.
+                const u32 ib = __float_as_uint(inv[0][0]);  // positive: (0, 2^120] <=> ib <= 0x7B800000
+                if (ib <= 0x7B800000u) {
+                    u32 inv2[RAW_WORDS];  // (VEC/2,) bf16 pairs of the inverse scale (exact: a power of two)
+#pragma unroll
+                    for (int w = 0; w < RAW_WORDS; ++w) inv2[w] = __byte_perm(ib, ib, 0x7632);
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) {
+                        const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
+                        if (col_ok && r0 + i < PM) store_e2m1(p, orow, c0, q);
+                        orow += out_row_bytes(p);
+                    }
+                    continue;
+                }
+            }
+#endif
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const u64 out = orow;
