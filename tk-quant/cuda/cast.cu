@@ -262,6 +262,9 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 out, ix c0, cons
 // pairs and the 2^120 test are made once per tile instead of per row (see the tiled path's
 // stores); 0: cast_frag per row.
 #define PB_E2M1_HOIST 1
+// PB_E2M1_GPTR (with PB_E2M1_HOIST, vector accesses): those rows are stored through one global
+// address stepped by the row's bytes; 0: p.out + a stepped offset per row.
+#define PB_E2M1_GPTR 1
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it at
 // byte offset out (out_at(p, r, c0); columns < K only): store_frag of values(raw).
@@ -719,12 +722,27 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     u32 inv2[RAW_WORDS];  // (VEC/2,) bf16 pairs of the inverse scale (exact: a power of two)
 #pragma unroll
                     for (int w = 0; w < RAW_WORDS; ++w) inv2[w] = __byte_perm(ib, ib, 0x7632);
+#if TK_VECIO && PB_E2M1_GPTR
+                    // The rows' 4-byte stores through one global address stepped by the row's
+                    // bytes (st.global: a C++ pointer would lose the address space, generic ST),
+                    // instead of p.out + orow per row: the SASS reloaded p.out (LDC.64) and
+                    // added it (IADD3 + IMAD.X) besides the offset's own step, per row.
+                    u64 og = (u64)__cvta_generic_to_global(reinterpret_cast<u8*>(p.out) + orow);  // global address of row r0 + i's bytes
+                    const u64 rb = out_row_bytes(p);
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) {
+                        const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
+                        if (col_ok && r0 + i < PM) asm volatile("st.global.b32 [%0], %1;" ::"l"(og), "r"(q) : "memory");
+                        og += rb;
+                    }
+#else
 #pragma unroll
                     for (int i = 0; i < RPT; ++i) {
                         const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
                         if (col_ok && r0 + i < PM) store_e2m1(p, orow, c0, q);
                         orow += out_row_bytes(p);
                     }
+#endif
                     continue;
                 }
             }
