@@ -373,6 +373,11 @@ constexpr bool AMAX_PAIRS = TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 
 // the row fold per row; 8 rows per thread in the 128x128 and the 32x32 e2m1 tiles). The same
 // maximum: max(0, every non-NaN |x|) either way.
 #define PB_AMAX_PACKED 1
+// PB_SF_AFTER_BAR (shared-memory per-block tiles: BM > 1, BK > 1): the block-column threads
+// store their scales after the second __syncthreads instead of before it (see the tile's scale
+// step); 0: before. Per-channel tiles (BK 1) keep the store before the barrier.
+#define PB_SF_AFTER_BAR 1
+constexpr bool SF_AFTER_BAR = PB_SF_AFTER_BAR && TK_BK > 1;
 constexpr bool AMAX_PACKED_ROWS = PB_AMAX_PACKED && TK_IN == 1 && TK_BM > 1 && TK_BK > 1;
 
 #if TK_IN == 1
@@ -670,6 +675,14 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 // times; per-channel tiles: 8 divisions per thread -> at most 1) and stores it;
                 // every thread reads its inverse scales back. red and scl are rewritten by the
                 // next tile only after its first barrier, which follows these reads.
+                // PB_SF_AFTER_BAR: the scale store (store_scale: 64-bit index math and the
+                // padding tests, ~40 issued instructions of one warp in the SASS of bf16 -> e2m1
+                // 128x128, while the other 7 warps wait at the second barrier) is made after that
+                // barrier, off the tile's serial path; the scale and its block column wait in
+                // registers of the storing threads.
+                float s_st = 0.0f;  // the scale this thread stores after the barrier
+                ix kb_st = 0;       // its block column
+                bool do_st = false;
                 if (threadIdx.x < LX * NB) {
                     const u32 t = threadIdx.x, tlx = t / NB, tb = t % NB;  // block column t: lane tlx, column tb
                     float a = 0.0f;
@@ -680,9 +693,17 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     scl[t] = iv;
                     const ix tc0 = tk * TKC + tlx * VEC;  // first column of lane tlx (FK == 1)
                     const ix kb = TK_BK == 1 ? tc0 + tb : tc0 / TK_BK;
-                    if (tc0 < PK && tlx % LK == 0 && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, s);
+                    const bool st = tc0 < PK && tlx % LK == 0 && tm < PNBM && kb < PNBK;
+                    if constexpr (SF_AFTER_BAR) {
+                        s_st = s;
+                        kb_st = kb;
+                        do_st = st;
+                    } else if (st) {
+                        store_sf(p, tm, kb, s);
+                    }
                 }
                 __syncthreads();
+                if (SF_AFTER_BAR && do_st) store_sf(p, tm, kb_st, s_st);
 #pragma unroll
                 for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
 #endif
