@@ -258,13 +258,6 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 out, ix c0, cons
 // bf16 input could be significant after the product, and the encoder must not depend on
 // whether the bf16 multiply flushes subnormal inputs.
 #define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
-// PB_E2M1_HOIST (blocks taller than a row, E2M1_PACKED): the packed encoder's inverse-scale
-// pairs and the 2^120 test are made once per tile instead of per row (see the tiled path's
-// stores); 0: cast_frag per row.
-#define PB_E2M1_HOIST 1
-// PB_E2M1_GPTR (with PB_E2M1_HOIST, vector accesses): those rows are stored through one global
-// address stepped by the row's bytes; 0: p.out + a stepped offset per row.
-#define PB_E2M1_GPTR 1
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it at
 // byte offset out (out_at(p, r, c0); columns < K only): store_frag of values(raw).
@@ -319,14 +312,11 @@ constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes 
 // computes the scale itself: no shared memory, no barrier, no serial one-thread-per-block-column
 // step (TK_WB 0: the warps stack along M and meet in `red` behind two __syncthreads, while all 8
 // warps wait for the 8..16 threads that compute the scales). TK_WB 2 (bf16 32x32; host
-// WARP_BLOCK_SECTOR_STORES): a warp's store of a row is 8 lanes x 4 bytes = one whole 32-byte
+// CastKernel::with_warp_blocks): a warp's store of a row is 8 lanes x 4 bytes = one whole 32-byte
 // sector (TK_WB 1: 16 bytes, half a sector, whose other half came from the next warp: ncu counted
 // 2 L2 store sectors per output sector, 83 % L2 throughput at 60 % DRAM) and a row's load 128
 // contiguous bytes, with 8 rows (32 raw words) per thread instead of 4: twice the bytes in flight.
 constexpr bool WB = TK_WB != 0;
-// PB_SF_PAIR (TK_WB 2, layout C): a warp's two scale bytes go out as one half word of layout C
-// from lane 0 (see the warp-block scale store); 0: a byte store per block (store_scale).
-#define PB_SF_PAIR 1
 constexpr int WM = WB ? 1 : WARPS;                         // warps along M
 constexpr int WK = WB ? WARPS : 1;                         // warps along K
 #ifndef TK_FK
@@ -367,19 +357,6 @@ constexpr bool SF_WORDS = TK_BM == 1 && TK_SF_OUT == 2 && TK_MODE != 2 && TK_BK 
 // instead of 0, and compute_scale maps both to eps (fmaxf(amax, eps)): the same scales.
 constexpr bool AMAX_PAIRS = TK_IN == 1 && TK_BM == 1 && TK_MODE != 2 && RPT % 2 == 0;
 
-// Blocks taller than a row (BM > 1, BK > 1) of bf16 input fold the |x| maxima of all the
-// thread's rows as packed bf16 pairs (max.bf16x2, NaN-ignoring like fmaxf) and unpack once,
-// instead of unpacking and folding each row's pair in fp32 (frag_amax: 2 unpacks + 2 FMNMX +
-// the row fold per row; 8 rows per thread in the 128x128 and the 32x32 e2m1 tiles). The same
-// maximum: max(0, every non-NaN |x|) either way.
-#define PB_AMAX_PACKED 1
-// PB_SF_AFTER_BAR (shared-memory per-block tiles: BM > 1, BK > 1): the block-column threads
-// store their scales after the second __syncthreads instead of before it (see the tile's scale
-// step); 0: before. Per-channel tiles (BK 1) keep the store before the barrier.
-#define PB_SF_AFTER_BAR 1
-constexpr bool SF_AFTER_BAR = PB_SF_AFTER_BAR && TK_BK > 1;
-constexpr bool AMAX_PACKED_ROWS = PB_AMAX_PACKED && TK_IN == 1 && TK_BM > 1 && TK_BK > 1;
-
 #if TK_IN == 1
 // (2,) bf16 lane-wise max of |x| over the FK fragments of one row (NaN ignored, +0 if none).
 __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
@@ -408,7 +385,7 @@ __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
 #define ROWPTR (TK_VECIO != 0)  // element accesses keep load_frag (per-channel blocks spilled)
 
 #if TK_MODE != 2
-// The layout-C word column of this lane's block (SF_WORDS; warp blocks: PB_SF_PAIR): the lane
+// The layout-C word column of this lane's block (SF_WORDS; TK_WB 2: the warp's pair): the lane
 // storing G = 4 (or 2) blocks kb.. (kb % G == 0) writes rows of it with put(row, v), a whole
 // int32, or the half word of its pair of blocks; a pair in the low half of a word whose high
 // half holds only blocks >= nbk (no other writer) writes the whole word (the column padding).
@@ -608,9 +585,6 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             for (int i = 0; i < NR; ++i)
 #pragma unroll
                 for (int b = 0; b < NB; ++b) am[i][b] = 0.0f;
-#if TK_IN == 1
-            u32 mp = 0;  // (2,) PB_AMAX_PACKED: bf16 lane-wise max of |x| over the thread's rows
-#endif
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 float& a0 = am[TK_BM == 1 ? i : 0][0];
@@ -619,17 +593,10 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     values(p, raw[i], r0 + i, c0, v);
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) am[0][TK_BK == 1 ? j : 0] = fmaxf(am[0][TK_BK == 1 ? j : 0], fabsf(v[j]));
-#if TK_IN == 1
-                } else if constexpr (AMAX_PACKED_ROWS) {
-                    mp = bf16x2_max(mp, row_amax2(raw + i * FK));
-#endif
                 } else {
                     a0 = fmaxf(a0, frag_amax(p, raw[i], r0 + i, c0));
                 }
             }
-#if TK_IN == 1
-            if constexpr (AMAX_PACKED_ROWS) am[0][0] = fmaxf(fmaxf(0.0f, __uint_as_float(mp << 16)), __uint_as_float(mp & 0xFFFF0000u));
-#endif
 #pragma unroll
             for (int o = 1; o < LK; o <<= 1)
 #pragma unroll
@@ -646,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 // block's first lane (row group 0, lx % LK == 0) stores it (c0 is the block's
                 // first column there).
                 compute_scale(am[0][0], sf[0][0], inv[0][0]);
-                if constexpr (PB_SF_PAIR && TK_WB == 2 && TK_SF_OUT == 2 && TK_MODE != 2) {
+                if constexpr (TK_WB == 2 && TK_SF_OUT == 2 && TK_MODE != 2) {
                     // The warp's two blocks kb, kb + 1 (kb = c0 / BK even for lane 0) are the
                     // half word kb % 4 of layout C: lane LK's byte comes over by one shuffle and
                     // lane 0 stores both (the row padding too, on the last block row), instead
@@ -675,14 +642,6 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                 // times; per-channel tiles: 8 divisions per thread -> at most 1) and stores it;
                 // every thread reads its inverse scales back. red and scl are rewritten by the
                 // next tile only after its first barrier, which follows these reads.
-                // PB_SF_AFTER_BAR: the scale store (store_scale: 64-bit index math and the
-                // padding tests, ~40 issued instructions of one warp in the SASS of bf16 -> e2m1
-                // 128x128, while the other 7 warps wait at the second barrier) is made after that
-                // barrier, off the tile's serial path; the scale and its block column wait in
-                // registers of the storing threads.
-                float s_st = 0.0f;  // the scale this thread stores after the barrier
-                ix kb_st = 0;       // its block column
-                bool do_st = false;
                 if (threadIdx.x < LX * NB) {
                     const u32 t = threadIdx.x, tlx = t / NB, tb = t % NB;  // block column t: lane tlx, column tb
                     float a = 0.0f;
@@ -693,17 +652,9 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     scl[t] = iv;
                     const ix tc0 = tk * TKC + tlx * VEC;  // first column of lane tlx (FK == 1)
                     const ix kb = TK_BK == 1 ? tc0 + tb : tc0 / TK_BK;
-                    const bool st = tc0 < PK && tlx % LK == 0 && tm < PNBM && kb < PNBK;
-                    if constexpr (SF_AFTER_BAR) {
-                        s_st = s;
-                        kb_st = kb;
-                        do_st = st;
-                    } else if (st) {
-                        store_sf(p, tm, kb, s);
-                    }
+                    if (tc0 < PK && tlx % LK == 0 && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, s);
                 }
                 __syncthreads();
-                if (SF_AFTER_BAR && do_st) store_sf(p, tm, kb_st, s_st);
 #pragma unroll
                 for (int b = 0; b < NB; ++b) inv[0][b] = scl[lx * NB + b];
 #endif
@@ -730,7 +681,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             // values).
             u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0
 #if E2M1_PACKED
-            if constexpr (PB_E2M1_HOIST && TK_BM > 1 && TK_BK > 1) {
+            if constexpr (TK_BM > 1 && TK_BK > 1) {
                 // One inverse scale for all the thread's rows (one block row, one block column):
                 // its bf16 pair and the 2^120 test of cast_frag made once per tile, then a
                 // straight run of packed encodes with predicated stores. The SASS of cast_frag
@@ -743,27 +694,12 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     u32 inv2[RAW_WORDS];  // (VEC/2,) bf16 pairs of the inverse scale (exact: a power of two)
 #pragma unroll
                     for (int w = 0; w < RAW_WORDS; ++w) inv2[w] = __byte_perm(ib, ib, 0x7632);
-#if TK_VECIO && PB_E2M1_GPTR
-                    // The rows' 4-byte stores through one global address stepped by the row's
-                    // bytes (st.global: a C++ pointer would lose the address space, generic ST),
-                    // instead of p.out + orow per row: the SASS reloaded p.out (LDC.64) and
-                    // added it (IADD3 + IMAD.X) besides the offset's own step, per row.
-                    u64 og = (u64)__cvta_generic_to_global(reinterpret_cast<u8*>(p.out) + orow);  // global address of row r0 + i's bytes
-                    const u64 rb = out_row_bytes(p);
-#pragma unroll
-                    for (int i = 0; i < RPT; ++i) {
-                        const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
-                        if (col_ok && r0 + i < PM) asm volatile("st.global.b32 [%0], %1;" ::"l"(og), "r"(q) : "memory");
-                        og += rb;
-                    }
-#else
 #pragma unroll
                     for (int i = 0; i < RPT; ++i) {
                         const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
                         if (col_ok && r0 + i < PM) store_e2m1(p, orow, c0, q);
                         orow += out_row_bytes(p);
                     }
-#endif
                     continue;
                 }
             }

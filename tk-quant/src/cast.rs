@@ -196,8 +196,18 @@ impl CastKernel {
     /// plain input cast to e2m1 ([`WARP_BLOCK_MAX_RPT`] says why e2m1 and not e4m3), `bm > 1`,
     /// `n · bk = lanes · vec` with a power-of-two number of lanes, and `bm` a multiple of the
     /// `32 / lanes` row groups with at most [`WARP_BLOCK_MAX_RPT`] rows per thread. `n` is 2
-    /// where a block's row of codes is under a 32-byte sector and two blocks fit
-    /// ([`WARP_BLOCK_SECTOR_STORES`]), else 1.
+    /// where a block's row of codes is under a 32-byte sector and two blocks fit, else 1.
+    ///
+    /// Two blocks side by side (bf16 32x32: 8 lanes x 4 row groups x 8 rows instead of
+    /// 4 x 8 x 4): with one 32x32 block a warp's store of a row was 4 lanes x 4 bytes, half a
+    /// sector whose other half came from the next warp: the H200 profile (bf16 -> e2m1 32x32,
+    /// 8001x7168) counted 2 L2 store sectors per output sector (16 % excess sectors), L2
+    /// throughput 83 % at 60 % DRAM, and 44 % of the cycles with no eligible warp (4 rows of 16
+    /// bytes in flight per thread). Two blocks make every store a whole sector and every load
+    /// 128 contiguous bytes per row, with twice the bytes in flight per thread (8 rows; 32 raw
+    /// words, [`PB_E2M1_MIN_BLOCKS`] caps them at 64 registers). H200 A/B (meas31): one block
+    /// instead was 1.7 % slower over the per-block rows, 16.4 % on bf16 -> e2m1 32x32
+    /// 8001x7168. fp32 32x32 (16 rows per thread) keeps one block.
     fn with_warp_blocks(self) -> Self {
         let (bm, bk) = self.block;
         let vec = self.vec();
@@ -217,7 +227,7 @@ impl CastKernel {
         let row_bytes = bk / 2;
         let n = if !(e2m1 && plain && self.whole_row.is_none()) {
             0
-        } else if WARP_BLOCK_SECTOR_STORES && row_bytes < 32 && fits(2) {
+        } else if row_bytes < 32 && fits(2) {
             2
         } else if fits(1) {
             1
@@ -232,7 +242,7 @@ impl CastKernel {
 }
 
 /// The most rows per thread a warp-block tile (`TK_WB`) may take: 8 admits fp32 32x32 (8 rows
-/// of 4 words) and bf16 32x32 (4 rows of 4 words) and keeps 128x128 on the shared-memory tile.
+/// of 4 words) and bf16 32x32 (two blocks per warp: 8 rows of 4 words) and keeps 128x128 on the shared-memory tile.
 ///
 /// A warp holds whole `(bm, bk)` blocks (`bk / vec` lanes along K, `bm / (32 / lanes)` rows per
 /// thread) and the CTA's 8 warps sit side by side along K, so the block maximum is a shuffle
@@ -246,18 +256,6 @@ impl CastKernel {
 /// blocks were 5.5 % slower for bf16 -> e4m3 32x32 (13 % at 4001x2048) and only 2 % faster for
 /// fp32 -> e4m3 32x32.
 const WARP_BLOCK_MAX_RPT: usize = 8;
-
-/// Whether a warp-block tile takes two blocks side by side along K where one block's row of
-/// e2m1 codes is under a 32-byte sector and the two still fit [`WARP_BLOCK_MAX_RPT`] (bf16
-/// 32x32: 8 lanes x 4 row groups x 8 rows instead of 4 x 8 x 4). With one 32x32 block a warp's
-/// store of a row was 4 lanes x 4 bytes, half a sector whose other half came from the next
-/// warp: the H200 profile (bf16 -> e2m1 32x32, 8001x7168) counted 2 L2 store sectors per output
-/// sector (16 % excess sectors), L2 throughput 83 % at 60 % DRAM, and 44 % of the cycles with
-/// no eligible warp (4 rows of 16 bytes in flight per thread). Two blocks make every store a
-/// whole sector and every load 128 contiguous bytes per row, with twice the bytes in flight per
-/// thread (8 rows; 32 raw words, [`PB_E2M1_MIN_BLOCKS`] caps them at 64 registers).
-/// fp32 32x32 (16 rows per thread) keeps one block.
-const WARP_BLOCK_SECTOR_STORES: bool = true;
 
 /// `TK_MINB` of per-block tiles of bf16 input to e2m1 with power-of-two scales holding 17..32
 /// raw words per thread (128x128: 8 rows of 4 words): 4 caps them at 64 registers (ptxas
@@ -933,7 +931,7 @@ mod tests {
                 let rpt_ok = |n: usize| 32 / (32 / (n * 32 / vec)) <= WARP_BLOCK_MAX_RPT;
                 let n = if fmt != CastFormat::E2M1 {
                     0
-                } else if WARP_BLOCK_SECTOR_STORES && rpt_ok(2) {
+                } else if rpt_ok(2) {
                     2
                 } else if rpt_ok(1) {
                     1
@@ -943,7 +941,7 @@ mod tests {
                 assert_eq!(kernel.warp_blocks, n, "{input:?} {fmt:?}");
                 // bf16 takes two blocks (8 rows per thread), fp32 one (two would be 16 rows).
                 if fmt == CastFormat::E2M1 {
-                    let two = WARP_BLOCK_SECTOR_STORES && input == InputKind::BF16;
+                    let two = input == InputKind::BF16;
                     assert_eq!(n, if two { 2 } else { 1 }, "{input:?}");
                 }
                 if n == 0 {

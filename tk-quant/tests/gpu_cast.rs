@@ -1460,7 +1460,7 @@ fn gpu_cast_e2m1_bf16_pow2_edges() {
         }
         // Per-block tiles whose every block has an inverse scale above 2^120 (the rows with
         // s <= -121 only: block maxima 6 * 2^-121 and below), so that all their rows take the
-        // fp32 fallback of the packed encoder (the hoisted 2^120 test of `PB_E2M1_HOIST`);
+        // fp32 fallback of the packed encoder (the 2^120 test hoisted out of the tiles' rows);
         // M = 20 is a partial block row.
         let tiny = exps.iter().filter(|&&s| s <= -121).count();
         let xt = HostTensor::from_vec(xb.as_slice()[..tiny * k].to_vec(), &[tiny, k]).unwrap();
