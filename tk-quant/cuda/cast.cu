@@ -20,7 +20,8 @@
 //   TK_VECIO     1: vector accesses (aligned rows, K % VEC == 0); 0: element accesses
 //   TK_THREADS, TK_NF  (whole-row path) threads per CTA and fragments per thread
 //   TK_LX, TK_FK, TK_MINB, TK_WB  (tiled path) lanes along K, fragments per lane along K,
-//                minimum resident CTAs per SM, 1: warp blocks (BM > 1; each warp holds whole blocks)
+//                minimum resident CTAs per SM, n > 0: warp blocks (BM > 1; each warp holds n
+//                whole blocks side by side along K)
 #include "tk/quant_io.cuh"
 #include "tk/quant_scale.cuh"
 
@@ -304,12 +305,17 @@ constexpr int LX = TK_LX, LY = 32 / TK_LX;                 // warp shape (lanes 
 #error "TK_WB (warp blocks) must be defined for the tiled path"
 #endif
 // TK_WB (warp blocks; the host sets it for per-block e2m1 casts whose blocks fit a warp): a warp
-// holds whole (BM, BK) blocks, LX = BK/VEC lanes along K times LY row groups of RPT = BM/LY
-// rows, and the CTA's 8 warps sit side by side
-// along K (a tile is BM rows x 8 blocks). The block maximum is then a 5-level shuffle butterfly
-// inside the warp and every lane computes the scale itself: no shared memory, no barrier, no
-// serial one-thread-per-block-column step (TK_WB 0: the warps stack along M and meet in `red`
-// behind two __syncthreads, while all 8 warps wait for the 8..16 threads that compute the scales).
+// holds TK_WB whole (BM, BK) blocks side by side, LX = TK_WB * BK/VEC lanes along K (LK = BK/VEC
+// lanes per block) times LY row groups of RPT = BM/LY rows, and the CTA's 8 warps sit side by
+// side along K (a tile is BM rows x 8 TK_WB blocks). The block maximum is then a shuffle
+// butterfly inside the warp (the LK lanes of the block, then the LY row groups) and every lane
+// computes the scale itself: no shared memory, no barrier, no serial one-thread-per-block-column
+// step (TK_WB 0: the warps stack along M and meet in `red` behind two __syncthreads, while all 8
+// warps wait for the 8..16 threads that compute the scales). TK_WB 2 (bf16 32x32; host
+// CastKernel::with_warp_blocks): a warp's store of a row is 8 lanes x 4 bytes = one whole 32-byte
+// sector (TK_WB 1: 16 bytes, half a sector, whose other half came from the next warp: ncu counted
+// 2 L2 store sectors per output sector, 83 % L2 throughput at 60 % DRAM) and a row's load 128
+// contiguous bytes, with 8 rows (32 raw words) per thread instead of 4: twice the bytes in flight.
 constexpr bool WB = TK_WB != 0;
 constexpr int WM = WB ? 1 : WARPS;                         // warps along M
 constexpr int WK = WB ? WARPS : 1;                         // warps along K
@@ -325,7 +331,7 @@ constexpr int NB = TK_BK == 1 ? VEC : 1;                         // block column
 constexpr int LK = TK_BK == 1 ? 1 : TK_BK / (VEC * FK);          // lanes per block column
 static_assert(FK == 1 || (FK == 2 && TK_BM == 1 && TK_MODE != 2 && TK_IN < 2), "FK = 2: per-token casts of plain input");
 static_assert(RPT >= 1 && (TK_BM == 1 || TK_BM == TM), "BM must be 1 or a multiple of 8 * LY");
-static_assert(!WB || (TK_BM > 1 && TK_BK == LX * VEC && FK == 1), "warp blocks: a warp's LX lanes span one block column");
+static_assert(!WB || (TK_BM > 1 && TK_WB * TK_BK == LX * VEC && FK == 1), "warp blocks: a warp's LX lanes span TK_WB block columns");
 static_assert(LX * NB <= WARPS * 32, "one thread per block column of a tile");
 static_assert(TK_BK == 1 || (TK_BK % (VEC * FK) == 0 && TKC % TK_BK == 0), "BK must be 1 or FK * VEC * 2^j <= TKC");
 
@@ -379,8 +385,11 @@ __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
 #define ROWPTR (TK_VECIO != 0)  // element accesses keep load_frag (per-channel blocks spilled)
 
 #if TK_MODE != 2
-// The layout-C word column of this lane's block (SF_WORDS): lane lx % (SF_G LK) == 0 writes
-// rows of it with put(row, v), a whole int32, or the half word of its pair of blocks.
+// The layout-C word column of this lane's block (SF_WORDS; TK_WB 2: the warp's pair): the lane
+// storing G = 4 (or 2) blocks kb.. (kb % G == 0) writes rows of it with put(row, v), a whole
+// int32, or the half word of its pair of blocks; a pair in the low half of a word whose high
+// half holds only blocks >= nbk (no other writer) writes the whole word (the column padding).
+template <int G>
 struct SfWordColumn {
     u8* s;       // (ra, 4) bytes of word column kb / 4
     ix half;     // byte offset of the pair in the word (kb % 4)
@@ -389,7 +398,7 @@ struct SfWordColumn {
         const ix kb = c0 / TK_BK;
         s = reinterpret_cast<u8*>(p.sf) + 4 * ((u64)(kb / 4) * PRA);
         half = kb % 4;
-        whole = SF_G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
+        whole = G == 4 || (kb % 4 == 0 && kb + 2 >= PNBK);
     }
     __device__ __forceinline__ void put(ix row, u32 v) const {
         if (whole) *reinterpret_cast<u32*>(s + 4 * (u64)row) = v;
@@ -409,7 +418,7 @@ __device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 
     w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;     // bytes of blocks kb, kb + 1
     if constexpr (SF_G == 4) w |= __shfl_down_sync(0xFFFFFFFFu, w, 2 * LK) << 16;  // kb .. kb + 3
     if (!row_ok || lx % (SF_G * LK) != 0) return;
-    const SfWordColumn col(p, c0);
+    const SfWordColumn<SF_G> col(p, c0);
     col.put(r, w);
 }
 
@@ -417,7 +426,7 @@ __device__ __forceinline__ void store_sf_word(const Params& p, ix r, ix c0, u32 
 // written by the lane that stores row nbm - 1's word (col_ok, lx % (SF_G LK) == 0).
 __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx) {
     if (c0 >= PK || lx % (SF_G * LK) != 0) return;
-    const SfWordColumn col(p, c0);
+    const SfWordColumn<SF_G> col(p, c0);
     for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
 }
 #endif
@@ -601,10 +610,27 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
 #if TK_WB
                 // The warp's butterflies above gave every lane its block's maximum: each lane
                 // computes the scale (power-of-two scales: a few integer instructions) and the
-                // block's first lane stores it (c0 is the block's first column there).
+                // block's first lane (row group 0, lx % LK == 0) stores it (c0 is the block's
+                // first column there).
                 compute_scale(am[0][0], sf[0][0], inv[0][0]);
-                const ix kb = c0 / TK_BK;
-                if (lane == 0 && col_ok && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, sf[0][0]);
+                if constexpr (TK_WB == 2 && TK_SF_OUT == 2 && TK_MODE != 2) {
+                    // The warp's two blocks kb, kb + 1 (kb = c0 / BK even for lane 0) are the
+                    // half word kb % 4 of layout C: lane LK's byte comes over by one shuffle and
+                    // lane 0 stores both (the row padding too, on the last block row), instead
+                    // of two divergent byte stores with store_scale's 64-bit index and padding
+                    // paths (whose registers spilled 8 bytes at this kernel's 64).
+                    u32 w = col_ok ? __float_as_uint(sf[0][0]) >> 23 : 0u;  // UE8M0 byte (0: block >= nbk)
+                    w |= __shfl_down_sync(0xFFFFFFFFu, w, LK) << 8;          // blocks kb, kb + 1
+                    if (lane == 0 && col_ok && tm < PNBM) {
+                        const SfWordColumn<2> col(p, c0);
+                        col.put(tm, w);
+                        if (tm + 1 == PNBM)
+                            for (ix r2 = PNBM; r2 < PRA; ++r2) col.put(r2, 0u);
+                    }
+                } else {
+                    const ix kb = c0 / TK_BK;
+                    if (ly == 0 && lx % LK == 0 && col_ok && tm < PNBM && kb < PNBK) store_sf(p, tm, kb, sf[0][0]);
+                }
 #else
                 if (ly == 0) {
 #pragma unroll
@@ -654,6 +680,30 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             // instructions per row for that, beside ~48 for the packed encode and store of 8
             // values).
             u64 orow = out_at(p, r0, c0);  // output offset of row r0 + i from column c0
+#if E2M1_PACKED
+            if constexpr (TK_BM > 1 && TK_BK > 1) {
+                // One inverse scale for all the thread's rows (one block row, one block column):
+                // its bf16 pair and the 2^120 test of cast_frag made once per tile, then a
+                // straight run of packed encodes with predicated stores. The SASS of cast_frag
+                // per row (bf16 -> e2m1 32x32 / 128x128) rebuilt the pair (2 PRMT), branched on
+                // the hoisted test and on the row's bounds (BSSY/BSYNC, 2 BRA): ~8 of the ~57
+                // issued instructions of a row of 8 values. Bit-identical: the same encoder on
+                // the same operands; the fallback (inverse above 2^120) stays cast_frag's.
+                const u32 ib = __float_as_uint(inv[0][0]);  // positive: (0, 2^120] <=> ib <= 0x7B800000
+                if (ib <= 0x7B800000u) {
+                    u32 inv2[RAW_WORDS];  // (VEC/2,) bf16 pairs of the inverse scale (exact: a power of two)
+#pragma unroll
+                    for (int w = 0; w < RAW_WORDS; ++w) inv2[w] = __byte_perm(ib, ib, 0x7632);
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) {
+                        const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
+                        if (col_ok && r0 + i < PM) store_e2m1(p, orow, c0, q);
+                        orow += out_row_bytes(p);
+                    }
+                    continue;
+                }
+            }
+#endif
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const u64 out = orow;

@@ -171,8 +171,9 @@ pub(crate) struct CastKernel {
     /// `TK_IDX32`: every row, column, row stride and scale-grid extent of the call is below
     /// 2^31, so the kernel may index in 32 bits ([`fits_idx32`]).
     pub idx32: bool,
-    /// `TK_WB`: a warp holds whole scale blocks ([`CastKernel::with_warp_blocks`]).
-    pub warp_blocks: bool,
+    /// `TK_WB`: a warp holds this many whole scale blocks side by side along K, 0 for none
+    /// ([`CastKernel::with_warp_blocks`]).
+    pub warp_blocks: usize,
 }
 
 impl CastKernel {
@@ -191,32 +192,57 @@ impl CastKernel {
         }
     }
 
-    /// `self` with `TK_WB` (whole blocks per warp) where the block fits a warp: plain input
-    /// cast to e2m1 ([`WARP_BLOCK_MAX_RPT`] says why e2m1 and not e4m3), `bm > 1`,
-    /// `bk = lanes · vec` with a power-of-two number of lanes, and `bm` a multiple of the
-    /// `32 / lanes` row groups with at most [`WARP_BLOCK_MAX_RPT`] rows per thread.
+    /// `self` with `TK_WB` (whole blocks per warp) where `n` blocks side by side fit a warp:
+    /// plain input cast to e2m1 ([`WARP_BLOCK_MAX_RPT`] says why e2m1 and not e4m3), `bm > 1`,
+    /// `n · bk = lanes · vec` with a power-of-two number of lanes, and `bm` a multiple of the
+    /// `32 / lanes` row groups with at most [`WARP_BLOCK_MAX_RPT`] rows per thread. `n` is 2
+    /// where a block's row of codes is under a 32-byte sector and two blocks fit, else 1.
+    ///
+    /// Two blocks side by side (bf16 32x32: 8 lanes x 4 row groups x 8 rows instead of
+    /// 4 x 8 x 4): with one 32x32 block a warp's store of a row was 4 lanes x 4 bytes, half a
+    /// sector whose other half came from the next warp: the H200 profile (bf16 -> e2m1 32x32,
+    /// 8001x7168) counted 2 L2 store sectors per output sector (16 % excess sectors), L2
+    /// throughput 83 % at 60 % DRAM, and 44 % of the cycles with no eligible warp (4 rows of 16
+    /// bytes in flight per thread). Two blocks make every store a whole sector and every load
+    /// 128 contiguous bytes per row, with twice the bytes in flight per thread (8 rows; 32 raw
+    /// words, [`PB_E2M1_MIN_BLOCKS`] caps them at 64 registers). H200 A/B (meas31): one block
+    /// instead was 1.7 % slower over the per-block rows, 16.4 % on bf16 -> e2m1 32x32
+    /// 8001x7168. fp32 32x32 (16 rows per thread) keeps one block.
     fn with_warp_blocks(self) -> Self {
         let (bm, bk) = self.block;
         let vec = self.vec();
         let e2m1 = self.target == Target::Fp(CastFormat::E2M1);
         let plain = matches!(self.input, InputKind::F32 | InputKind::BF16);
-        let lanes = bk / vec;
-        let fits = bm > 1
-            && bk > 1
-            && bk % vec == 0
-            && lanes.is_power_of_two()
-            && lanes <= 32
-            && bm % (32 / lanes) == 0
-            && bm / (32 / lanes) <= WARP_BLOCK_MAX_RPT;
+        let fits = |n: usize| {
+            let lanes = n * bk / vec;
+            bm > 1
+                && bk > 1
+                && bk % vec == 0
+                && lanes.is_power_of_two()
+                && lanes <= 32
+                && bm % (32 / lanes) == 0
+                && bm / (32 / lanes) <= WARP_BLOCK_MAX_RPT
+        };
+        // Bytes of one block row of e2m1 codes.
+        let row_bytes = bk / 2;
+        let n = if !(e2m1 && plain && self.whole_row.is_none()) {
+            0
+        } else if row_bytes < 32 && fits(2) {
+            2
+        } else if fits(1) {
+            1
+        } else {
+            0
+        };
         CastKernel {
-            warp_blocks: e2m1 && plain && self.whole_row.is_none() && fits,
+            warp_blocks: n,
             ..self
         }
     }
 }
 
 /// The most rows per thread a warp-block tile (`TK_WB`) may take: 8 admits fp32 32x32 (8 rows
-/// of 4 words) and bf16 32x32 (4 rows of 4 words) and keeps 128x128 on the shared-memory tile.
+/// of 4 words) and bf16 32x32 (two blocks per warp: 8 rows of 4 words) and keeps 128x128 on the shared-memory tile.
 ///
 /// A warp holds whole `(bm, bk)` blocks (`bk / vec` lanes along K, `bm / (32 / lanes)` rows per
 /// thread) and the CTA's 8 warps sit side by side along K, so the block maximum is a shuffle
@@ -348,7 +374,7 @@ impl CastKernel {
             )
             .define("TK_VECIO", self.vecio as u8)
             .define("TK_IDX32", self.idx32 as u8)
-            .define("TK_WB", self.warp_blocks as u8);
+            .define("TK_WB", self.warp_blocks);
         let s = match self.input {
             InputKind::Quantized {
                 packed_sf, block, ..
@@ -418,10 +444,10 @@ impl CastKernel {
         vec_of(self.input, self.target)
     }
 
-    /// Lanes along K on the tiled path (warp blocks: one block column per warp).
+    /// Lanes along K on the tiled path (warp blocks: `warp_blocks` block columns per warp).
     fn lx(&self) -> usize {
-        if self.warp_blocks {
-            self.block.1 / self.vec()
+        if self.warp_blocks > 0 {
+            self.warp_blocks * self.block.1 / self.vec()
         } else {
             lanes_k(self.block.0, self.block.1, self.vec())
         }
@@ -429,7 +455,7 @@ impl CastKernel {
 
     /// Warps of the CTA along K on the tiled path: 8 for warp blocks, else 1 (warps along M).
     fn warps_k(&self) -> usize {
-        if self.warp_blocks {
+        if self.warp_blocks > 0 {
             8
         } else {
             1
@@ -487,10 +513,10 @@ impl CastKernel {
             vecio,
             whole_row: None,
             idx32: false,
-            warp_blocks: false,
+            warp_blocks: 0,
         }
         .with_warp_blocks();
-        if kernel.warp_blocks {
+        if kernel.warp_blocks > 0 {
             return Ok(kernel);
         }
         if tiled_bm && tiled_bk && !(bm == 1 && bk == 1) && target != Target::E5M6 {
@@ -604,7 +630,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                         vecio: true,
                         whole_row: None,
                         idx32: false,
-                        warp_blocks: false,
+                        warp_blocks: 0,
                     }
                     .with_warp_blocks()
                     .with_idx32(true)
@@ -627,7 +653,7 @@ pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
                     // The benchmark's hidden size.
                     whole_row: Some(whole_row_shape(7168 / vec_of(input, target))),
                     idx32: false,
-                    warp_blocks: false,
+                    warp_blocks: 0,
                 }
                 .with_idx32(true)
                 .spec(),
@@ -877,10 +903,13 @@ mod tests {
     use super::*;
 
     /// A CPU model of the tiled kernel's thread-to-element map for warp blocks (`TK_WB`): the
-    /// 256 threads of a CTA own every element of the `bm x (8 bk)` tile exactly once, the
-    /// elements of warp `w` are exactly block column `w` of the tile, and the kernel's
-    /// butterflies (lane offsets 1..LX within a row group, then LX..32 across the row groups)
-    /// reach every lane of the warp; the host's launch tile and `TK_MINB` rows agree.
+    /// 256 threads of a CTA own every element of the `bm x (8 n bk)` tile exactly once (`n`
+    /// blocks per warp), the elements of warp `w` are exactly block columns `n w .. n w + n` of
+    /// the tile, the kernel's butterflies (lane offsets 1..LK within a block's lanes, then
+    /// LX..32 across the row groups) reach exactly the lanes of the block, a block's lanes hold
+    /// exactly its elements and its first lane (row group 0, `lx % LK == 0`, the scale store)
+    /// holds its first column; a warp's row store covers a whole 32-byte sector with two
+    /// blocks; the host's launch tile and `TK_MINB` rows agree.
     #[test]
     fn warp_block_tiles_cover_each_block_with_one_warp() {
         for (input, vec) in [(InputKind::BF16, 8), (InputKind::F32, 4)] {
@@ -895,24 +924,38 @@ mod tests {
                     vecio: true,
                     whole_row: None,
                     idx32: false,
-                    warp_blocks: false,
+                    warp_blocks: 0,
                 }
                 .with_warp_blocks();
-                // 32x32: 32 / vec lanes along K, 32 / lanes row groups, rows per thread.
-                let lanes = 32 / vec;
-                let rpt_ok = 32 / (32 / lanes) <= WARP_BLOCK_MAX_RPT;
-                assert_eq!(
-                    kernel.warp_blocks,
-                    fmt == CastFormat::E2M1 && rpt_ok,
-                    "{input:?} {fmt:?}"
-                );
-                if !kernel.warp_blocks {
+                // 32x32: n 32 / vec lanes along K, 32 / lanes row groups, rows per thread.
+                let rpt_ok = |n: usize| 32 / (32 / (n * 32 / vec)) <= WARP_BLOCK_MAX_RPT;
+                let n = if fmt != CastFormat::E2M1 {
+                    0
+                } else if rpt_ok(2) {
+                    2
+                } else if rpt_ok(1) {
+                    1
+                } else {
+                    0
+                };
+                assert_eq!(kernel.warp_blocks, n, "{input:?} {fmt:?}");
+                // bf16 takes two blocks (8 rows per thread), fp32 one (two would be 16 rows).
+                if fmt == CastFormat::E2M1 {
+                    let two = input == InputKind::BF16;
+                    assert_eq!(n, if two { 2 } else { 1 }, "{input:?}");
+                }
+                if n == 0 {
                     continue;
                 }
                 let (lx, ly) = (kernel.lx(), 32 / kernel.lx());
+                let lk = 32 / vec; // lanes per block column (LK)
                 let rpt = kernel.rows_per_thread();
                 let (tm, tkc) = (ly * rpt, 8 * lx * vec);
-                assert_eq!((lx * vec, tm), (32, 32), "a warp spans one block");
+                assert_eq!((lx * vec, tm), (32 * n, 32), "a warp spans n blocks");
+                assert_eq!(
+                    kernel.min_blocks(),
+                    if rpt == 8 && vec == 8 { 4 } else { 3 }
+                );
                 let cfg = kernel.config(&CastPlan {
                     m: 8001,
                     k: 7168,
@@ -929,25 +972,43 @@ mod tests {
                     let (warp, lane) = (t / 32, t % 32);
                     let (l_x, l_y) = (lane % lx, lane / lx);
                     let (kl, ml) = (warp * lx + l_x, l_y);
+                    let block = kl * vec / 32;
+                    assert_eq!(block, warp * n + l_x / lk, "lane {lane} of warp {warp}");
+                    if l_y == 0 && l_x % lk == 0 {
+                        assert_eq!(kl * vec, 32 * block, "the scale lane holds column 0");
+                    }
                     for i in 0..rpt {
                         for j in 0..vec {
                             let (r, c) = (ml * rpt + i, kl * vec + j);
                             assert_eq!(owner[r * tkc + c], usize::MAX, "element owned twice");
                             owner[r * tkc + c] = t;
-                            assert_eq!((r / 32, c / 32), (0, warp), "warp {warp} leaves its block");
+                            assert_eq!((r / 32, c / 32), (0, block), "lane leaves its block");
                         }
                     }
+                    // Codes of row i: this lane's vec / 2 bytes at (kl vec) / 2 of the row; the
+                    // lanes of row group l_y form a store of lx vec / 2 contiguous bytes.
+                    let store = lx * vec / 2;
+                    assert_eq!(store, if n == 2 { 32 } else { 16 });
                 }
                 assert!(owner.iter().all(|&t| t != usize::MAX), "element not owned");
-                // The butterflies' lane offsets 1, 2, .. (LK = LX lanes) then LX, 2 LX, .. 16.
-                let offs: Vec<usize> = (0..5).map(|b| 1 << b).collect();
-                let mut reach = 1u32 << 0;
-                for o in offs {
-                    reach |= (0..32)
-                        .filter(|l| reach >> l & 1 == 1)
-                        .fold(0, |a, l| a | 1 << (l ^ o));
+                // The butterflies' lane offsets 1, 2, .. LK / 2, then LX, 2 LX, .. 16: from any
+                // lane they reach exactly the lanes of its block (same lx / LK).
+                let offs: Vec<usize> = (0..5)
+                    .map(|b| 1usize << b)
+                    .filter(|&o| o < lk || o >= lx)
+                    .collect();
+                for start in 0..32usize {
+                    let mut reach = 1u32 << start;
+                    for &o in &offs {
+                        reach |= (0..32)
+                            .filter(|l| reach >> l & 1 == 1)
+                            .fold(0, |a, l| a | 1 << (l ^ o));
+                    }
+                    let same: u32 = (0..32)
+                        .filter(|l| (l % lx) / lk == (start % lx) / lk)
+                        .fold(0, |a, l| a | 1 << l);
+                    assert_eq!(reach, same, "lane {start}");
                 }
-                assert_eq!(reach, u32::MAX);
             }
         }
     }

@@ -1458,5 +1458,24 @@ fn gpu_cast_e2m1_bf16_pow2_edges() {
                 (m, k),
             );
         }
+        // Per-block tiles whose every block has an inverse scale above 2^120 (the rows with
+        // s <= -121 only: block maxima 6 * 2^-121 and below), so that all their rows take the
+        // fp32 fallback of the packed encoder (the 2^120 test hoisted out of the tiles' rows);
+        // M = 20 is a partial block row.
+        let tiny = exps.iter().filter(|&&s| s <= -121).count();
+        let xt = HostTensor::from_vec(xb.as_slice()[..tiny * k].to_vec(), &[tiny, k]).unwrap();
+        let dxt = dev.upload(&xt).unwrap();
+        for block in [(32, 32), (128, 128)] {
+            let params = PerBlockCastParams::new(fmt, block, opts);
+            let name = format!("e2m1 bf16 pow2 edges per_block tiny {block:?} {opts:?}");
+            check_per_block(
+                &dev,
+                &name,
+                &PlainInput::BF16(xt.view()),
+                &DevicePlainInput::BF16(dxt.view()),
+                &params,
+                (tiny, k),
+            );
+        }
     }
 }
