@@ -237,18 +237,6 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     }
 }
 
-// tkq::swiglu_clamp<true>(l, v, c) for c > 0 (finite) as 3 NaN-propagating min / max (FMNMX.NAN)
-// instead of 3 compares and 3 selects: l = min(l, c), v = max(min(v, c), -c). Equal for every
-// non-NaN input (with c > 0 no tie involves a signed zero: l = c or v = +-c give the same value
-// either way), and NaN stays NaN (select: the input NaN; here the canonical NaN): after the
-// activation and the bf16 rounding either NaN is encoded 0x7F (§1.1) and ignored by the
-// maxima (fmaxf), so the outputs are the same bits. The host uses it only when c > 0.
-__device__ __forceinline__ void clamp_pos(float& l, float& v, float c) {
-    asm("min.NaN.f32 %0, %0, %1;" : "+f"(l) : "f"(c));
-    asm("min.NaN.f32 %0, %0, %1;" : "+f"(v) : "f"(c));
-    asm("max.NaN.f32 %0, %0, %1;" : "+f"(v) : "f"(-c));
-}
-
 // Plain fp32 (IN 0) or bf16 (IN 1) rows of x: y = fp32(x[r, c]).
 template <int IN>
 struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {

@@ -51,14 +51,15 @@ struct SwigluSrc : pc::NoPipe {
         for (int t = 0; t < 4; ++t) w[t] = g[t], w[4 + t] = v[t];
     }
     // The clamped gate and value of one row's raw words (has_clamp: 0 none, 1 compares and
-    // selects, 2 min / max: host only for C > 0).
+    // selects, 2 min / max: tkq::swiglu_clamp_minmax, bit for bit the selects for every finite C
+    // with a clear sign bit; the host uses it for C > 0).
     static __device__ __forceinline__ void gate_value(const Params& p, const u32 (&w)[8], float (&l)[8], float (&v)[8]) {
         const u32 gw[4] = {w[0], w[1], w[2], w[3]}, vw[4] = {w[4], w[5], w[6], w[7]};  // (words,)
         tkq::widen8<1>(gw, l);
         tkq::widen8<1>(vw, v);
         if (p.has_clamp == 2)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) pc::clamp_pos(l[j], v[j], p.clamp);
+            for (int j = 0; j < 8; ++j) tkq::swiglu_clamp_minmax(l[j], v[j], p.clamp);
         else if (p.has_clamp)
 #pragma unroll
             for (int j = 0; j < 8; ++j) tkq::swiglu_clamp<true>(l[j], v[j], p.clamp);

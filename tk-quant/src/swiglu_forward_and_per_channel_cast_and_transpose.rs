@@ -195,7 +195,7 @@ mod gpu {
             ..PerChannelArgs::default()
         };
         if let Some(c) = params.swiglu_clamp_value {
-            // 2: a clamp C > 0 as 3 NaN-propagating min / max per pair (`pc::clamp_pos`, exact
+            // 2: a clamp C > 0 as 3 NaN-propagating min / max per pair (`tkq::swiglu_clamp_minmax`, exact
             // for C > 0) instead of 3 compares and 3 selects (1).
             (args.has_clamp, args.clamp) = (if c > 0.0 { 2 } else { 1 }, c);
         }
