@@ -45,30 +45,27 @@
 // ahead of the data row, and each further chunk of 32 was a dependent DRAM round after the data
 // scatter: hs = 224 (H = 7168, npc = 32, fp32 scales) took 6 serial load latencies per token after
 // the data row's 2, and that row measured 82 % of the copy ceiling against 87 % for npc = 128
-// (hs = 56). Holding all the scales in registers across the data scatter spilled (sm_90a: 148-220
-// bytes at 64 registers). Now (TK_SF_PREFETCH 1) lane l asks for the L2 lines of the scale row
-// (one 128-byte line per lane) before the data row, and after the scatter the warp loads the
-// scales in rounds of TK_SFU chunks of 32 (all loads of a round issued before its stores): two
-// L2 rounds per token at hs = 224. TK_SFU 8 spilled 44 bytes on sm_90a (4: none). TK_SF_PREFETCH
-// 0 / TK_SFU 1: the old code.
-#ifndef TK_SF_PREFETCH
-#define TK_SF_PREFETCH 1
-#endif
+// (hs = 56). Now the warp loads the scales in rounds of SFU = 4 chunks of 32 (all loads of a
+// round issued before its stores), the first TK_SF_EARLY chunks of the first round before the data
+// row so that their latency overlaps it: 2 rounds per token at hs = 224. Rounds of 8 chunks, 4
+// early chunks, or all scales held across the data scatter spilled at 64 registers (sm_90a: 44 /
+// 8 / 148-220 bytes).
+// H200 A/B (meas m2, rounds of 4 against 1): the npc = 32 fp32-row rows 5-8 % faster. Measured and
+// dropped there: an L2 prefetch of the scale row before the data row (2 % slower than loading the
+// first chunk early) and of the data row's second half (4-6 % slower on every row).
 #ifndef TK_SFU
 #define TK_SFU 4
 #endif
-// TK_X_PREFETCH 1: before its data row's first round of loads (8 vectors per lane, 4 KB at 16-byte
-// vectors), a copy task asks for the L2 lines of the rest of the row (lane l: bytes 4096 + 128 l
-// + 4096 i), so the second round (H = 7168 e4m3: 3 KB) comes from L2 after the first round's
-// stores instead of from DRAM. 0: no data prefetch.
-#ifndef TK_X_PREFETCH
-#define TK_X_PREFETCH 1
+#ifndef TK_SF_EARLY
+#define TK_SF_EARLY 2
 #endif
 
 using namespace tkm;
 typedef tk::uint_of_size<TK_VEC>::type vec_t;
 constexpr int WARPS = 8;
 constexpr int SFU = TK_SFU;
+constexpr int EARLY = TK_SF_EARLY < SFU ? TK_SF_EARLY : SFU;  // early chunks: part of the first round
+static_assert(EARLY >= 1, "at least one chunk is loaded early");
 constexpr int KG = (TK_K + 31) / 32;
 constexpr bool SF_ROWS = TK_SF_COL && TK_SF_ROWS;
 
@@ -101,17 +98,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
                 pos[g] = k < TK_K ? legal_or_minus_one(__ldg(ttp + t * ld_ttp + k), (i64)M) : -1;
             }
             const u32* srow = sf + t * ld_sf;  // (hs,) scales of token t
-            u32 first = 0u;  // TK_SF_PREFETCH 0: scale j = lane, loaded before the data row
-            if (!SF_ROWS && TK_SF_PREFETCH) {
-                for (u64 j = 32 * lane; j < hs; j += 32 * 32) prefetch_l2(srow + j);
-            } else if (!SF_ROWS && lane < hs) {
-                first = __ldg(srow + lane);
+            u32 first[EARLY];  // (EARLY,) scale 32 u + lane, loaded before the data row
+#pragma unroll
+            for (int u = 0; u < EARLY; ++u) {
+                const u64 j = 32 * u + lane;
+                first[u] = !SF_ROWS && j < hs ? __ldg(srow + j) : 0u;
             }
-            const vec_t* xrow = x + t * ldx;  // (n,) vectors of token t
-            if (TK_X_PREFETCH)
-                for (u64 b = 32 * 8 * sizeof(vec_t) + 128 * lane; b < n * sizeof(vec_t); b += 32 * 128)
-                    prefetch_l2((const char*)xrow + b);
-            warp_scatter_row<vec_t, 8, KG>(out, xrow, n, pos, TK_K, lane);
+            warp_scatter_row<vec_t, 8, KG>(out, x + t * ldx, n, pos, TK_K, lane);
             if (SF_ROWS) continue;  // the row-group tasks write the scales
             for (u64 j0 = 0; j0 < hs; j0 += 32 * SFU) {  // the whole warp iterates: shuffles need every lane
                 const u64 jl = j0 + lane;  // this lane's scale in chunk 0 of the round
@@ -119,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) tk_expand_to_fused_with_sf(
                 u32 v[SFU];  // (SFU,) scale jl + 32 u
 #pragma unroll
                 for (int u = 0; u < SFU; ++u)
-                    v[u] = !TK_SF_PREFETCH && j0 == 0 && u == 0 ? first : u < nv ? __ldg(srow + jl + 32 * u) : 0u;
+                    v[u] = j0 == 0 && u < EARLY ? first[u] : u < nv ? __ldg(srow + jl + 32 * u) : 0u;
                 const u64 step = TK_SF_COL ? 32 * ld_osf : 32;  // storage distance of scale j and j + 32
 #pragma unroll
                 for (int g = 0; g < KG; ++g) {

@@ -269,11 +269,6 @@ __device__ __forceinline__ void warp_scatter_row(V* __restrict__ out, const V* _
     }
 }
 
-// Asks for the L2 line holding *p (a hint: no value, no fault).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // One warp writes zeros to a row of `n` vectors.
 template <typename V>
 __device__ __forceinline__ void warp_zero_row(V* __restrict__ row, u64 n, u32 lane) {

@@ -214,6 +214,11 @@ __device__ __forceinline__ void sweep(out_vec_t* __restrict__ out_row, const in_
     }
 }
 
+// Asks for the L2 line holding *p (a hint: no value, no fault).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // out: (T, n) output vectors, contiguous; x: (M, n) input vectors, row stride ldx (vectors);
 // x_sf: (M,) fp32 stride ld_xsf; w: (T, K) fp32 row stride ld_w; ttp: (T, K) i32 row stride
 // ld_ttp; sf: (1,) fp32. n = H / TK_W. ahead: the token distance of the L2 prefetch.
