@@ -41,31 +41,24 @@
 #endif
 #endif
 
-// Row-major scales (copy tasks): before, only the first 32 of a token's hs scales were loaded
-// ahead of the data row, and each further chunk of 32 was a dependent DRAM round after the data
-// scatter: hs = 224 (H = 7168, npc = 32, fp32 scales) took 6 serial load latencies per token after
-// the data row's 2, and that row measured 82 % of the copy ceiling against 87 % for npc = 128
-// (hs = 56). Now the warp loads the scales in rounds of SFU = 4 chunks of 32 (all loads of a
-// round issued before its stores), the first TK_SF_EARLY chunks of the first round before the data
-// row so that their latency overlaps it: 2 rounds per token at hs = 224. Rounds of 8 chunks, 4
-// early chunks, or all scales held across the data scatter spilled at 64 registers (sm_90a: 44 /
-// 8 / 148-220 bytes).
-// H200 A/B (meas m2, rounds of 4 against 1): the npc = 32 fp32-row rows 5-8 % faster. Measured and
-// dropped there: an L2 prefetch of the scale row before the data row (2 % slower than loading the
-// first chunk early) and of the data row's second half (4-6 % slower on every row).
-#ifndef TK_SFU
-#define TK_SFU 4
-#endif
-#ifndef TK_SF_EARLY
-#define TK_SF_EARLY 2
-#endif
+// Row-major scales (copy tasks): the warp loads a token's hs scales in rounds of SFU = 4 chunks of
+// 32 (one 4-byte load per lane and chunk; all loads of a round issued before its stores), the
+// first EARLY = 2 chunks before the data row so that their latency overlaps it: 2 rounds per
+// token at hs = 224 (H = 7168, npc = 32, fp32 scales). Before, only the first chunk was loaded
+// early and every further chunk was a dependent DRAM round after the data scatter (6 serial load
+// latencies per token after the data row's 2 at hs = 224). H200 A/B (session 8, meas m3): rounds of
+// 4 against 1 made the npc = 32 fp32-row rows 5.9-8.8 % faster (k=8 experts=32 ep=8 H=7168: 123.0
+// -> 116.3 µs, 82.5 -> 87.2 % of the copy ceiling), the npc = 128 fp32-row rows 1-1.7 %; 2 early
+// chunks against 1: +0.3 % on average (up to 1.3 %). Rounds of 8 chunks, 4 early chunks, or all
+// scales held across the data scatter spilled at 64 registers (sm_90a: 44 / 8 / 148-220 bytes).
+// Measured and dropped (meas m2): an L2 prefetch of the scale row before the data row (2 % slower
+// than loading the first chunk early) and of the data row's second half (4-6 % slower on every row).
 
 using namespace tkm;
 typedef tk::uint_of_size<TK_VEC>::type vec_t;
 constexpr int WARPS = 8;
-constexpr int SFU = TK_SFU;
-constexpr int EARLY = TK_SF_EARLY < SFU ? TK_SF_EARLY : SFU;  // early chunks: part of the first round
-static_assert(EARLY >= 1, "at least one chunk is loaded early");
+constexpr int SFU = 4;    // scale chunks of 32 per load round (row-major scales)
+constexpr int EARLY = 2;  // chunks of the first round loaded before the data row
 constexpr int KG = (TK_K + 31) / 32;
 constexpr bool SF_ROWS = TK_SF_COL && TK_SF_ROWS;
 
