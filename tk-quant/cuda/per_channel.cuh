@@ -48,6 +48,11 @@ struct Params {
     u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
 
+// Knob: 1 the per-thread column maxima start from the first row's |y|, 0 from 0 (see tile_kernel).
+#ifndef TK_PC_AM_NO0
+#define TK_PC_AM_NO0 1
+#endif
+
 namespace pc {
 
 constexpr int TR = 128, TC = 64, RPT = 4, LX = 8, LY = 4, WARPS = 8;
@@ -57,6 +62,14 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
+
+// a * b + c (64-bit) in one PTX mad.wide.u32: from C++, ptxas reassociates c's parts (a base
+// pointer plus offsets) around the product and reloads them per use.
+__device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
+    u64 d;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+    return d;
+}
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
@@ -145,9 +158,12 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            am[j] = 0.0f;
+            // TK_PC_AM_NO0: start from row 0 instead of 0 (8 FMNMX fewer per tile). Same maxima:
+            // fmaxf ignores a NaN operand, so every stage computes the max of its non-NaN |y|
+            // (NaN if none), and the block stage below starts from 0: max(0, non-NaN |y|) as before.
+            am[j] = TK_PC_AM_NO0 ? fabsf(y[0][j]) : 0.0f;
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
+            for (int i = TK_PC_AM_NO0 ? 1 : 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
 #pragma unroll
             for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
         }
