@@ -10,7 +10,8 @@
 //
 // Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_MINB (the kernels' CTAs per SM for
 // __launch_bounds__), TK_VECIO (1: 16-byte accesses; every row start and the outputs 16-byte
-// aligned), TK_PC_RUN (tiles per CTA run, 1: the strided tile loop), plus the op's own.
+// aligned), TK_PC_RUN (tiles per CTA run, 1: the strided tile loop), TK_PC_CHUNK (1: balanced
+// chunks of consecutive tiles, persistent grid; default 0), plus the op's own.
 //
 // Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
 // groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
@@ -52,6 +53,11 @@ struct Params {
 #ifndef TK_PC_AM_NO0
 #define TK_PC_AM_NO0 1
 #endif
+// Tile loop mode (set by the host of an op that uses it; not a knob): 1 balanced chunks of
+// consecutive tiles over a persistent grid (see tile_kernel), 0 as TK_PC_RUN says.
+#ifndef TK_PC_CHUNK
+#define TK_PC_CHUNK 0
+#endif
 
 namespace pc {
 
@@ -60,6 +66,10 @@ constexpr int WPB = TK_NPT / (LY * RPT);  // warps per scale block
 constexpr int NB = TR / TK_NPT;           // scale blocks per tile
 constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
+// Whether a CTA walks consecutive column tiles of a row tile (runs or chunks), so a Src may keep
+// per-row work across its tiles.
+constexpr bool RUNS = TK_PC_RUN > 1 || TK_PC_CHUNK != 0;
+static_assert(TK_PC_CHUNK == 0 || TK_PC_RUN == 1, "chunks take the persistent grid (TK_PC_RUN 1)");
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
 
@@ -114,13 +124,23 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     // one carry (no division per tile). With TK_PC_RUN = R > 1 (runs; 1D grid of ceil(T / R)
     // CTAs) CTA b takes the R consecutive tiles t = R b .. R b + R - 1 instead: consecutive
     // column tiles of one row tile (wrapping to the next row tile), so a Src keeps its per-row
-    // work (a gather's source rows) across them. u32: an output holds at least 8 KiB per tile,
-    // so there are fewer than 2^32 tiles (and R b < T + R).
+    // work (a gather's source rows) across them. With TK_PC_CHUNK (1D persistent grid of nb
+    // CTAs, nb <= T) CTA b takes the balanced chunk of consecutive tiles T b / nb ..
+    // T (b + 1) / nb - 1 (floor(T / nb) or one more, the first T % nb CTAs one more): the same
+    // walk as a run, one chunk per resident CTA, so no CTA starts with its loads exposed after
+    // the first wave and no SM waits on a partial last wave. u32: an output holds at least
+    // 8 KiB per tile, so there are fewer than 2^32 tiles (and R b < T + R).
     const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
     const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
     constexpr u32 RUN = TK_PC_RUN;
+    const u32 nt = tiles_r * tiles_c, nb = gridDim.x * gridDim.y;  // tiles, CTAs
+    // TK_PC_CHUNK: this CTA's tiles (first, count) (one u32 division per CTA). The tile counter
+    // n then runs from n0 = -count up to 0 (as i32: count < 2^31), so it is also the bound
+    // (one register fewer across the loop than n < count: sm_100a spilled 16 bytes with it).
+    const u32 per = TK_PC_CHUNK ? nt / nb : 0, extra = TK_PC_CHUNK ? nt - per * nb : 0;
+    const u32 n0 = TK_PC_CHUNK ? 0u - (per + (b < extra)) : 0u;
     const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of this CTA's next tile
-        if constexpr (RUN > 1) {
+        if constexpr (RUNS) {
             if (++tc == tiles_c) tc = 0, ++tr;
         } else {  // t + nb (host-computed stride)
             tc += p.step_c;
@@ -129,15 +149,18 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         }
     };
     // Whether this CTA's n-th tile (row tile tr) exists.
-    const auto live = [&](u32 n, u32 tr) { return tr < tiles_r && (RUN == 1 || n < RUN); };
+    const auto live = [&](u32 n, u32 tr) {
+        if constexpr (TK_PC_CHUNK) return (i32)n < 0;
+        else return tr < tiles_r && (RUN == 1 || n < RUN);
+    };
     constexpr bool PIPE = Src::PIPE;
     Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
-    const u32 t0 = RUN > 1 ? b * RUN : b;            // this CTA's first tile
+    const u32 t0 = TK_PC_CHUNK ? b * per + min(b, extra) : RUN > 1 ? b * RUN : b;  // this CTA's first tile
     u32 tr32 = t0 / tiles_c, tc32 = t0 % tiles_c;  // this CTA's current tile
     if constexpr (PIPE)
-        if (live(0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
-    for (u32 n = 0; live(n, tr32); ++n, step(tr32, tc32)) {
+        if (live(n0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+    for (u32 n = n0; live(n, tr32); ++n, step(tr32, tc32)) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         float y[RPT][8];  // (rows, columns) values

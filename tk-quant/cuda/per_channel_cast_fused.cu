@@ -19,14 +19,15 @@
 // row, the map load, the branch on its value, the data load and its use serialised two round
 // trips per row). Absent rows (src < 0, >= N_in, or row >= M) are raw zeros: +0 values.
 // The source rows of the thread's RPT output rows are kept for the next tiles of a run
-// (TK_PC_RUN: consecutive column tiles of the same rows): the map loads, their checks and the
-// selects happen once per row tile, not once per tile. e4m3 input (TK_IN 2) in runs (the only
-// input the host runs: TK_PC_RUN > 1) has the software pipeline: the raw codes and scales of
-// the run's next tile (12 words) are loaded at the top of this tile, in flight while it is
-// reduced, scaled and stored; otherwise every tile loads its rows at its top.
+// (pc::RUNS, runs TK_PC_RUN > 1 or chunks TK_PC_CHUNK: consecutive column tiles of the same
+// rows): the map loads, their checks and the selects happen once per row tile, not once per
+// tile. e4m3 input (TK_IN 2) in runs or chunks (the only input the host gives them) has the
+// software pipeline: the raw codes and scales of the CTA's next tile (12 words) are loaded at
+// the top of this tile, in flight while it is reduced, scaled and stored; otherwise every tile
+// loads its rows at its top.
 struct GatherSrc {
     static constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;  // bytes per element
-    static constexpr bool PIPE = TK_IN == 2 && TK_PC_RUN > 1;
+    static constexpr bool PIPE = TK_IN == 2 && pc::RUNS;
     static constexpr bool EARLY = true;  // 12 raw words: prefetched at the top of the tile
     // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below 2^32
     // (each row is at least 64 bytes of a device buffer), so with u32 the indices, the
@@ -50,7 +51,7 @@ struct GatherSrc {
     __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
         const Row m = (Row)p.m, n_in = (Row)p.n_in;
         // A new row tile (always the first time; every tile without runs, where nothing is kept).
-        if (TK_PC_RUN == 1 || (u32)r0 != rows_of) {
+        if (!pc::RUNS || (u32)r0 != rows_of) {
             rows_of = (u32)r0;
 #pragma unroll
             for (int i = 0; i < pc::RPT; ++i) {
