@@ -53,6 +53,11 @@ struct Params {
 #ifndef TK_PC_AM_NO0
 #define TK_PC_AM_NO0 1
 #endif
+// Knob: 1 the warp's column maxima by a reduce-scatter (each lane ends with 2 columns) for a Src
+// with RSCAT, 0 by a butterfly of all 8 columns in every lane (see tile_kernel).
+#ifndef TK_PC_RSCAT
+#define TK_PC_RSCAT 1
+#endif
 // Tile loop mode (set by the host of an op that uses it; not a knob): 1 balanced chunks of
 // consecutive tiles over a persistent grid (see tile_kernel), 0 as TK_PC_RUN says.
 #ifndef TK_PC_CHUNK
@@ -84,6 +89,7 @@ __device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
     static constexpr bool PIPE = false, EARLY = false;
+    static constexpr bool RSCAT = false;  // see tile_kernel (TK_PC_RSCAT)
     struct Raw {};
     static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
     static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
@@ -110,7 +116,7 @@ struct RowwiseLoad : NoPipe {
 // object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
-    __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
+    __shared__ __align__(8) float red[WARPS][TC];  // (warps, columns) partial column maxima
     __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
@@ -154,6 +160,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         else return tr < tiles_r && (RUN == 1 || n < RUN);
     };
     constexpr bool PIPE = Src::PIPE;
+    constexpr bool RSCAT = TK_PC_RSCAT && Src::RSCAT;  // the warp's column maxima by reduce-scatter
     Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
     const u32 t0 = TK_PC_CHUNK ? b * per + min(b, extra) : RUN > 1 ? b * RUN : b;  // this CTA's first tile
@@ -187,12 +194,38 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             am[j] = TK_PC_AM_NO0 ? fabsf(y[0][j]) : 0.0f;
 #pragma unroll
             for (int i = TK_PC_AM_NO0 ? 1 : 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
+            if constexpr (!RSCAT)
 #pragma unroll
-            for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
+                for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
         }
-        if (ly == 0)
+        if constexpr (RSCAT) {
+            // Reduce-scatter over the warp's 4 row groups (lane = 8 ly + lx): across lane ^ 16 each
+            // lane sends the half of its columns it does not keep (ly bit 1: columns 4..7 kept), then
+            // across lane ^ 8 a quarter (ly bit 0); lane (lx, ly) ends with columns lx * 8 + 2 ly,
+            // +1. 6 SHFL + 6 FMNMX + 12 SEL per thread instead of 16 SHFL + 16 FMNMX, and one 8-byte
+            // store per lane instead of 8 words in a quarter of the lanes. The same maxima: fmaxf
+            // ignores NaN, so any order gives the max of the non-NaN values (NaN if none). Only for
+            // a Src with RSCAT (GatherSrc's e4m3 input, 64 registers): the kernels at 48 registers
+            // spilled with it (per_channel_cast_and_transpose 40-48 bytes on sm_90a).
+            const bool h1 = (ly & 2) != 0, h0 = (ly & 1) != 0;
+            float r[4];  // (4,) columns lx * 8 + 4 h1 + j over row groups ly, ly ^ 2
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float keep = h1 ? am[j + 4] : am[j], send = h1 ? am[j] : am[j + 4];
+                r[j] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
+            }
+            float2 v;  // (2,) columns lx * 8 + 2 ly, +1 over the warp's 4 row groups
+            {
+                const float k0 = h0 ? r[2] : r[0], s0 = h0 ? r[0] : r[2];
+                const float k1 = h0 ? r[3] : r[1], s1 = h0 ? r[1] : r[3];
+                v.x = fmaxf(k0, __shfl_xor_sync(0xFFFFFFFFu, s0, 8));
+                v.y = fmaxf(k1, __shfl_xor_sync(0xFFFFFFFFu, s1, 8));
+            }
+            *reinterpret_cast<float2*>(&red[warp][lx * 8 + ly * 2]) = v;
+        } else if (ly == 0) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
+        }
         __syncthreads();
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
@@ -280,6 +313,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 template <int IN>
 struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
     static constexpr bool PIPE = true, EARLY = false;
+    static constexpr bool RSCAT = false;  // 48 registers: the reduce-scatter spilled 40-48 bytes
     static constexpr int W = tkq::Frag<IN>::BYTES / 4;
     struct Raw {
         u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (every row < M: full tiles)

@@ -29,6 +29,9 @@ struct GatherSrc {
     static constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;  // bytes per element
     static constexpr bool PIPE = TK_IN == 2 && pc::RUNS;
     static constexpr bool EARLY = true;  // 12 raw words: prefetched at the top of the tile
+    // The column maxima's reduce-scatter (pc::tile_kernel, TK_PC_RSCAT) for e4m3 input (64
+    // registers, no spills); bf16 input (48 registers) spilled 8 bytes with it.
+    static constexpr bool RSCAT = TK_IN == 2;
     // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below 2^32
     // (each row is at least 64 bytes of a device buffer), so with u32 the indices, the
     // comparisons and the selects need one register and one instruction instead of two (the
