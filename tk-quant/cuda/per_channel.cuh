@@ -10,8 +10,7 @@
 //
 // Defines: TK_NPT (32 or 128), TK_ROUND, TK_TRANSPOSE, TK_MINB (the kernels' CTAs per SM for
 // __launch_bounds__), TK_VECIO (1: 16-byte accesses; every row start and the outputs 16-byte
-// aligned), TK_PC_RUN (tiles per CTA run, 1: the strided tile loop), TK_PC_CHUNK (1: balanced
-// chunks of consecutive tiles, persistent grid; default 0), plus the op's own.
+// aligned), TK_PC_RUN (tiles per CTA run, 1: the strided tile loop), plus the op's own.
 //
 // Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
 // groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
@@ -49,21 +48,6 @@ struct Params {
     u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };
 
-// Knob: 1 the per-thread column maxima start from the first row's |y|, 0 from 0 (see tile_kernel).
-#ifndef TK_PC_AM_NO0
-#define TK_PC_AM_NO0 1
-#endif
-// Knob: 1 the warp's column maxima by a reduce-scatter (each lane ends with 2 columns) for a Src
-// with RSCAT, 0 by a butterfly of all 8 columns in every lane (see tile_kernel).
-#ifndef TK_PC_RSCAT
-#define TK_PC_RSCAT 1
-#endif
-// Tile loop mode (set by the host of an op that uses it; not a knob): 1 balanced chunks of
-// consecutive tiles over a persistent grid (see tile_kernel), 0 as TK_PC_RUN says.
-#ifndef TK_PC_CHUNK
-#define TK_PC_CHUNK 0
-#endif
-
 namespace pc {
 
 constexpr int TR = 128, TC = 64, RPT = 4, LX = 8, LY = 4, WARPS = 8;
@@ -71,25 +55,12 @@ constexpr int WPB = TK_NPT / (LY * RPT);  // warps per scale block
 constexpr int NB = TR / TK_NPT;           // scale blocks per tile
 constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
-// Whether a CTA walks consecutive column tiles of a row tile (runs or chunks), so a Src may keep
-// per-row work across its tiles.
-constexpr bool RUNS = TK_PC_RUN > 1 || TK_PC_CHUNK != 0;
-static_assert(TK_PC_CHUNK == 0 || TK_PC_RUN == 1, "chunks take the persistent grid (TK_PC_RUN 1)");
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
-
-// a * b + c (64-bit) in one PTX mad.wide.u32: from C++, ptxas reassociates c's parts (a base
-// pointer plus offsets) around the product and reloads them per use.
-__device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
-    u64 d;
-    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
-    return d;
-}
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
     static constexpr bool PIPE = false, EARLY = false;
-    static constexpr bool RSCAT = false;  // see tile_kernel (TK_PC_RSCAT)
     struct Raw {};
     static __device__ __forceinline__ void fetch(const Params&, u64, u64, Raw&) {}
     static __device__ __forceinline__ void widen(const Raw&, float (&)[RPT][8]) {}
@@ -116,7 +87,7 @@ struct RowwiseLoad : NoPipe {
 // object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
-    __shared__ __align__(8) float red[WARPS][TC];  // (warps, columns) partial column maxima
+    __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
     __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
@@ -130,23 +101,13 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     // one carry (no division per tile). With TK_PC_RUN = R > 1 (runs; 1D grid of ceil(T / R)
     // CTAs) CTA b takes the R consecutive tiles t = R b .. R b + R - 1 instead: consecutive
     // column tiles of one row tile (wrapping to the next row tile), so a Src keeps its per-row
-    // work (a gather's source rows) across them. With TK_PC_CHUNK (1D persistent grid of nb
-    // CTAs, nb <= T) CTA b takes the balanced chunk of consecutive tiles T b / nb ..
-    // T (b + 1) / nb - 1 (floor(T / nb) or one more, the first T % nb CTAs one more): the same
-    // walk as a run, one chunk per resident CTA, so no CTA starts with its loads exposed after
-    // the first wave and no SM waits on a partial last wave. u32: an output holds at least
-    // 8 KiB per tile, so there are fewer than 2^32 tiles (and R b < T + R).
+    // work (a gather's source rows) across them. u32: an output holds at least 8 KiB per tile,
+    // so there are fewer than 2^32 tiles (and R b < T + R).
     const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
     const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
     constexpr u32 RUN = TK_PC_RUN;
-    const u32 nt = tiles_r * tiles_c, nb = gridDim.x * gridDim.y;  // tiles, CTAs
-    // TK_PC_CHUNK: this CTA's tiles (first, count) (one u32 division per CTA). The tile counter
-    // n then runs from n0 = -count up to 0 (as i32: count < 2^31), so it is also the bound
-    // (one register fewer across the loop than n < count: sm_100a spilled 16 bytes with it).
-    const u32 per = TK_PC_CHUNK ? nt / nb : 0, extra = TK_PC_CHUNK ? nt - per * nb : 0;
-    const u32 n0 = TK_PC_CHUNK ? 0u - (per + (b < extra)) : 0u;
     const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of this CTA's next tile
-        if constexpr (RUNS) {
+        if constexpr (RUN > 1) {
             if (++tc == tiles_c) tc = 0, ++tr;
         } else {  // t + nb (host-computed stride)
             tc += p.step_c;
@@ -155,19 +116,15 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         }
     };
     // Whether this CTA's n-th tile (row tile tr) exists.
-    const auto live = [&](u32 n, u32 tr) {
-        if constexpr (TK_PC_CHUNK) return (i32)n < 0;
-        else return tr < tiles_r && (RUN == 1 || n < RUN);
-    };
+    const auto live = [&](u32 n, u32 tr) { return tr < tiles_r && (RUN == 1 || n < RUN); };
     constexpr bool PIPE = Src::PIPE;
-    constexpr bool RSCAT = TK_PC_RSCAT && Src::RSCAT;  // the warp's column maxima by reduce-scatter
     Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
-    const u32 t0 = TK_PC_CHUNK ? b * per + min(b, extra) : RUN > 1 ? b * RUN : b;  // this CTA's first tile
+    const u32 t0 = RUN > 1 ? b * RUN : b;            // this CTA's first tile
     u32 tr32 = t0 / tiles_c, tc32 = t0 % tiles_c;  // this CTA's current tile
     if constexpr (PIPE)
-        if (live(n0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
-    for (u32 n = n0; live(n, tr32); ++n, step(tr32, tc32)) {
+        if (live(0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+    for (u32 n = 0; live(n, tr32); ++n, step(tr32, tc32)) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         float y[RPT][8];  // (rows, columns) values
@@ -188,44 +145,15 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            // TK_PC_AM_NO0: start from row 0 instead of 0 (8 FMNMX fewer per tile). Same maxima:
-            // fmaxf ignores a NaN operand, so every stage computes the max of its non-NaN |y|
-            // (NaN if none), and the block stage below starts from 0: max(0, non-NaN |y|) as before.
-            am[j] = TK_PC_AM_NO0 ? fabsf(y[0][j]) : 0.0f;
+            am[j] = 0.0f;
 #pragma unroll
-            for (int i = TK_PC_AM_NO0 ? 1 : 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
-            if constexpr (!RSCAT)
+            for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
 #pragma unroll
-                for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
+            for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
         }
-        if constexpr (RSCAT) {
-            // Reduce-scatter over the warp's 4 row groups (lane = 8 ly + lx): across lane ^ 16 each
-            // lane sends the half of its columns it does not keep (ly bit 1: columns 4..7 kept), then
-            // across lane ^ 8 a quarter (ly bit 0); lane (lx, ly) ends with columns lx * 8 + 2 ly,
-            // +1. 6 SHFL + 6 FMNMX + 12 SEL per thread instead of 16 SHFL + 16 FMNMX, and one 8-byte
-            // store per lane instead of 8 words in a quarter of the lanes. The same maxima: fmaxf
-            // ignores NaN, so any order gives the max of the non-NaN values (NaN if none). Only for
-            // a Src with RSCAT (GatherSrc's e4m3 input, 64 registers): the kernels at 48 registers
-            // spilled with it (per_channel_cast_and_transpose 40-48 bytes on sm_90a).
-            const bool h1 = (ly & 2) != 0, h0 = (ly & 1) != 0;
-            float r[4];  // (4,) columns lx * 8 + 4 h1 + j over row groups ly, ly ^ 2
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float keep = h1 ? am[j + 4] : am[j], send = h1 ? am[j] : am[j + 4];
-                r[j] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
-            }
-            float2 v;  // (2,) columns lx * 8 + 2 ly, +1 over the warp's 4 row groups
-            {
-                const float k0 = h0 ? r[2] : r[0], s0 = h0 ? r[0] : r[2];
-                const float k1 = h0 ? r[3] : r[1], s1 = h0 ? r[1] : r[3];
-                v.x = fmaxf(k0, __shfl_xor_sync(0xFFFFFFFFu, s0, 8));
-                v.y = fmaxf(k1, __shfl_xor_sync(0xFFFFFFFFu, s1, 8));
-            }
-            *reinterpret_cast<float2*>(&red[warp][lx * 8 + ly * 2]) = v;
-        } else if (ly == 0) {
+        if (ly == 0)
 #pragma unroll
             for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
-        }
         __syncthreads();
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
@@ -313,7 +241,6 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 template <int IN>
 struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
     static constexpr bool PIPE = true, EARLY = false;
-    static constexpr bool RSCAT = false;  // 48 registers: the reduce-scatter spilled 40-48 bytes
     static constexpr int W = tkq::Frag<IN>::BYTES / 4;
     struct Raw {
         u32 w[RPT][W];  // (rows, words) of x rows r0 .. r0 + 3 (every row < M: full tiles)

@@ -14,24 +14,28 @@
 #error "TK_GATHER32 (1: u32 row indices, 0: u64) must be defined"
 #endif
 
+// a * b + c (64-bit) in one PTX mad.wide.u32: from C++, ptxas reassociates c's parts (a base
+// pointer plus offsets) around the product and reloads them per use.
+__device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
+    u64 d;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+    return d;
+}
+
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
 // valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
 // row, the map load, the branch on its value, the data load and its use serialised two round
 // trips per row). Absent rows (src < 0, >= N_in, or row >= M) are raw zeros: +0 values.
 // The source rows of the thread's RPT output rows are kept for the next tiles of a run
-// (pc::RUNS, runs TK_PC_RUN > 1 or chunks TK_PC_CHUNK: consecutive column tiles of the same
-// rows): the map loads, their checks and the selects happen once per row tile, not once per
-// tile. e4m3 input (TK_IN 2) in runs or chunks (the only input the host gives them) has the
-// software pipeline: the raw codes and scales of the CTA's next tile (12 words) are loaded at
-// the top of this tile, in flight while it is reduced, scaled and stored; otherwise every tile
-// loads its rows at its top.
+// (TK_PC_RUN: consecutive column tiles of the same rows): the map loads, their checks and the
+// selects happen once per row tile, not once per tile. e4m3 input (TK_IN 2) in runs (the only
+// input the host runs: TK_PC_RUN > 1) has the software pipeline: the raw codes and scales of
+// the run's next tile (12 words) are loaded at the top of this tile, in flight while it is
+// reduced, scaled and stored; otherwise every tile loads its rows at its top.
 struct GatherSrc {
     static constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;  // bytes per element
-    static constexpr bool PIPE = TK_IN == 2 && pc::RUNS;
+    static constexpr bool PIPE = TK_IN == 2 && TK_PC_RUN > 1;
     static constexpr bool EARLY = true;  // 12 raw words: prefetched at the top of the tile
-    // The column maxima's reduce-scatter (pc::tile_kernel, TK_PC_RSCAT) for e4m3 input (64
-    // registers, no spills); bf16 input (48 registers) spilled 8 bytes with it.
-    static constexpr bool RSCAT = TK_IN == 2;
     // Row indices in u32 (TK_GATHER32, chosen by the host) or u64: M and N_in are below 2^32
     // (each row is at least 64 bytes of a device buffer), so with u32 the indices, the
     // comparisons and the selects need one register and one instruction instead of two (the
@@ -54,7 +58,7 @@ struct GatherSrc {
     __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
         const Row m = (Row)p.m, n_in = (Row)p.n_in;
         // A new row tile (always the first time; every tile without runs, where nothing is kept).
-        if (!pc::RUNS || (u32)r0 != rows_of) {
+        if (TK_PC_RUN == 1 || (u32)r0 != rows_of) {
             rows_of = (u32)r0;
 #pragma unroll
             for (int i = 0; i < pc::RPT; ++i) {
@@ -66,11 +70,12 @@ struct GatherSrc {
         }
 #if TK_PCF_PITCH32
         // Column c0 of source row 0 (xb, sb), then one 32x32 -> 64-bit multiply-add per row
-        // and address (pc::mad_wide: src * pitch + base); the host sets TK_PCF_PITCH32 only
+        // and address (mad_wide: src * pitch + base); the host sets TK_PCF_PITCH32 only
         // when both row pitches in bytes are below 2^32. With u64 pitches ptxas reloads the
         // parameters from the constant bank under each row's predicate and needs IMAD.WIDE +
         // IMAD + LEA + LEA.HI.X per address (sm_90a, e4m3 + fp32 scales: the 4 rows' address
-        // block ~90 -> ~60 SASS per tile, the kernel 883 -> 838).
+        // block ~90 -> ~60 SASS per tile, the kernel 883 -> 838; H200: e4m3 + fp32 scales
+        // 0.7-2.0 % faster, session 8, tk-quant/PERF.md).
         const u64 xb = p.x + c0 * B, sb = p.xs + c0 / 128 * 4;           // addresses: (8,) of x row 0, its scale
         const u32 pitch = (u32)(p.ldx * B), spitch = (u32)(p.xs_ld * 4);  // row pitches in bytes
 #endif
@@ -81,8 +86,8 @@ struct GatherSrc {
             raw.sc[i] = 1.0f;
             if (src[i] != ABSENT) {
 #if TK_PCF_PITCH32
-                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(pc::mad_wide(src[i], pitch, xb)), raw.w[i]);
-                if (TK_IN == 2) raw.sc[i] = __ldg(reinterpret_cast<const float*>(pc::mad_wide(src[i], spitch, sb)));
+                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(mad_wide(src[i], pitch, xb)), raw.w[i]);
+                if (TK_IN == 2) raw.sc[i] = __ldg(reinterpret_cast<const float*>(mad_wide(src[i], spitch, sb)));
 #else
                 tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (u64{src[i]} * p.ldx + c0) * B, raw.w[i]);
                 if (TK_IN == 2) raw.sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];

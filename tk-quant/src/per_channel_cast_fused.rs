@@ -293,10 +293,9 @@ pub use gpu::*;
 /// [`crate::per_channel_cast_and_transpose`] (not transposed, `npt = 128`) whose rows are
 /// gathered through `pos_to_token` and, fused, dequantized (`fl(dec8 · s_in)`) on load;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
-/// For e4m3 input a persistent CTA casts a chunk of consecutive column tiles (of one row tile or
-/// a few), its threads' source rows looked up once per row tile, and prefetches its next tile
-/// while casting the current one; fp32 / bf16 input takes one CTA per tile. No host
-/// synchronisation.
+/// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
+/// source rows looked up once per run, and prefetches the run's next tile while casting the
+/// current one; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -368,35 +367,24 @@ mod gpu {
     /// (48 registers: 32-40 bytes of spills with runs) measured plain e4m3 2.39x slower.
     const E4M3_MIN_BLOCKS: usize = 4;
 
-    /// e4m3 input: a persistent grid (`sm_count x E4M3_MIN_BLOCKS` CTAs at most), each CTA
-    /// casting one balanced chunk of consecutive tiles (`TK_PC_CHUNK`: the walk of a run, with
-    /// the source rows kept and the next tile prefetched across it); `false`: runs of
-    /// `COL_RUN` tiles. Runs of 4 left plain e4m3 (N = 4096, K = 7168: 3584 tiles) with 896
-    /// CTAs on 528 slots of the H200 (1.7 waves: SMs finish after 4 or 8 tiles' time), and in
-    /// every run the first tile's loads are exposed (no prefetch before the run starts); chunks
-    /// give every CTA 6-7 (plain) or 42 (K=6, N = 25344) tiles, one exposed load per CTA.
-    const CHUNKS: bool = true;
-
     /// The tile loop of input `input`.
     fn grid(input: u8) -> PerChannelGrid {
         match COL_RUN[input as usize] {
             1 => PerChannelGrid::Tiles,
-            _ if CHUNKS => PerChannelGrid::Persistent(E4M3_MIN_BLOCKS),
             r => PerChannelGrid::Runs(r),
         }
     }
 
-    /// e4m3 input: form each gathered row's data and scale address as one 32x32 -> 64-bit
-    /// multiply-add from the tile's column base (`TK_PCF_PITCH32`, used only when both row
-    /// pitches in bytes are below 2^32); `false`: base + (src * ldx + c0) * B in u64 per row, for
-    /// which ptxas reloads the parameters under each row's predicate (sm_90a, e4m3 with fp32
-    /// scales: 883 -> 838 SASS instructions, the 4 rows' addresses ~90 -> ~60 per tile).
-    const PITCH32: bool = true;
-
-    /// Whether the kernel may use u32 row pitches (`TK_PCF_PITCH32`) for `args`: e4m3 input
-    /// whose data and scale row pitches, in bytes, are below 2^32.
+    /// Whether the kernel forms each gathered row's data and scale address as one 32x32 ->
+    /// 64-bit multiply-add from the tile's column base (`TK_PCF_PITCH32`) for `args`: e4m3 input
+    /// whose data and scale row pitches, in bytes, are below 2^32 (otherwise the u64 form
+    /// `base + (src * ldx + c0) * B` per row). With u64 pitches ptxas reloads the parameters
+    /// under each row's predicate (sm_90a, e4m3 with fp32 scales: 883 -> 838 SASS instructions,
+    /// the 4 rows' addresses ~90 -> ~60 per tile). H200 (session 8, runs of 4): e4m3 + scales
+    /// 0.7-2.0 % faster (plain K = 7168 23.85 -> 23.40 µs, K=6 256/EP8 N = 25344 128.91 ->
+    /// 127.77 µs, K=6 72/EP8 N = 24704 125.51 -> 124.64 µs); fp32 / bf16 input keeps the u64 form.
     fn pitch32(input: u8, args: &PerChannelArgs) -> bool {
-        PITCH32 && input == 2 && args.ldx <= u32::MAX as u64 && args.xs_ld < 1 << 30
+        input == 2 && args.ldx <= u32::MAX as u64 && args.xs_ld < 1 << 30
     }
 
     fn spec(input: u8, round_sf: bool, vecio: bool, pitch32: bool) -> KernelSpec {
@@ -422,11 +410,6 @@ mod gpu {
         // measured up to 1 % faster.
         .define("TK_GATHER32", (input == 2 && !round_sf) as u8)
         .define("TK_PCF_PITCH32", pitch32 as u8)
-        // The persistent grid of this op is the chunked walk (see CHUNKS).
-        .define(
-            "TK_PC_CHUNK",
-            matches!(grid(input), PerChannelGrid::Persistent(_)) as u8,
-        )
     }
 
     /// The specialisations the tests and benchmarks launch.
@@ -434,7 +417,7 @@ mod gpu {
         let mut v = Vec::new();
         for input in [0, 1, 2] {
             for round in [false, true] {
-                v.push(spec(input, round, true, PITCH32 && input == 2));
+                v.push(spec(input, round, true, input == 2));
             }
         }
         v
@@ -536,52 +519,5 @@ mod gpu {
         let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
         per_channel_cast_fused_into(x, pos_to_token, params, &mut d.view_mut(), &mut s)?;
         Ok((d, s))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// CPU model of the kernel's chunked tile walk (`TK_PC_CHUNK`, `cuda/per_channel.cuh`):
-    /// CTA `b` of `nb` starts at tile `b * per + min(b, extra)` and counts `n` from `-count` (as
-    /// u32) up while `(n as i32) < 0`, stepping column tiles with a carry into the next row tile.
-    /// Every tile must be cast exactly once, and the chunks differ by at most one tile.
-    #[test]
-    fn chunked_walk_covers_every_tile_once() {
-        for (tiles_r, tiles_c) in [(1u32, 1u32), (32, 112), (198, 112), (3, 2), (7, 5), (1, 64)] {
-            let nt = tiles_r * tiles_c;
-            for nb in [1u32, 2, 3, 7, 132, 528, nt] {
-                let nb = nb.min(nt);
-                let (per, extra) = (nt / nb, nt - (nt / nb) * nb);
-                let mut seen = vec![0u32; nt as usize];
-                let (mut lo, mut hi) = (u32::MAX, 0);
-                for b in 0..nb {
-                    let t0 = b * per + b.min(extra);
-                    let n0 = 0u32.wrapping_sub(per + u32::from(b < extra));
-                    let (mut tr, mut tc) = (t0 / tiles_c, t0 % tiles_c);
-                    let mut n = n0;
-                    let mut count = 0;
-                    while (n as i32) < 0 {
-                        assert!(tr < tiles_r, "tiles {tiles_r}x{tiles_c}, nb {nb}, CTA {b}");
-                        seen[(tr * tiles_c + tc) as usize] += 1;
-                        count += 1;
-                        n = n.wrapping_add(1);
-                        tc += 1;
-                        if tc == tiles_c {
-                            tc = 0;
-                            tr += 1;
-                        }
-                    }
-                    (lo, hi) = (lo.min(count), hi.max(count));
-                }
-                assert!(
-                    seen.iter().all(|&s| s == 1),
-                    "tiles {tiles_r}x{tiles_c}, nb {nb}"
-                );
-                assert!(
-                    hi - lo <= 1 && lo >= 1,
-                    "tiles {tiles_r}x{tiles_c}, nb {nb}"
-                );
-            }
-        }
     }
 }
