@@ -7,9 +7,20 @@
 // TK_TRANSPOSE = 0; rows >= M, the tail of a partial last block, are absent from the maxima).
 #include "tk/per_channel.cuh"
 
+#ifndef TK_PCF_PITCH32
+#error "TK_PCF_PITCH32 (1: the row pitches of x and its scales in bytes are below 2^32) must be defined"
+#endif
 #ifndef TK_GATHER32
 #error "TK_GATHER32 (1: u32 row indices, 0: u64) must be defined"
 #endif
+
+// a * b + c (64-bit) in one PTX mad.wide.u32: from C++, ptxas reassociates c's parts (a base
+// pointer plus offsets) around the product and reloads them per use.
+__device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
+    u64 d;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+    return d;
+}
 
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
 // valid row's raw data (and scale) load, then the widening; so the rows' loads overlap (row by
@@ -57,14 +68,30 @@ struct GatherSrc {
                 src[i] = r < m && s >= 0 && (Row)s < n_in ? (u32)s : ABSENT;
             }
         }
+#if TK_PCF_PITCH32
+        // Column c0 of source row 0 (xb, sb), then one 32x32 -> 64-bit multiply-add per row
+        // and address (mad_wide: src * pitch + base); the host sets TK_PCF_PITCH32 only
+        // when both row pitches in bytes are below 2^32. With u64 pitches ptxas reloads the
+        // parameters from the constant bank under each row's predicate and needs IMAD.WIDE +
+        // IMAD + LEA + LEA.HI.X per address (sm_90a, e4m3 + fp32 scales: the 4 rows' address
+        // block ~90 -> ~60 SASS per tile, the kernel 883 -> 838; H200: e4m3 + fp32 scales
+        // 0.7-2.0 % faster, session 8, tk-quant/PERF.md).
+        const u64 xb = p.x + c0 * B, sb = p.xs + c0 / 128 * 4;           // addresses: (8,) of x row 0, its scale
+        const u32 pitch = (u32)(p.ldx * B), spitch = (u32)(p.xs_ld * 4);  // row pitches in bytes
+#endif
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
 #pragma unroll
             for (int t = 0; t < B * 2; ++t) raw.w[i][t] = 0;
             raw.sc[i] = 1.0f;
             if (src[i] != ABSENT) {
+#if TK_PCF_PITCH32
+                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(mad_wide(src[i], pitch, xb)), raw.w[i]);
+                if (TK_IN == 2) raw.sc[i] = __ldg(reinterpret_cast<const float*>(mad_wide(src[i], spitch, sb)));
+#else
                 tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (u64{src[i]} * p.ldx + c0) * B, raw.w[i]);
                 if (TK_IN == 2) raw.sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];
+#endif
             }
         }
     }
