@@ -28,6 +28,9 @@
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers, 5: 48)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
+//   TK_PACKC     tiled path, layout C with H / 128 a multiple of 4: scale bytes stored as words
+//   TK_BAL       tiled path: 1: balanced 1D grid (CTA b: tiles [b tq + min(b, trm), ...)),
+//                0: grid (runs of TK_CT column tiles, row tiles)
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -51,6 +54,7 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
+    u64 tq, trm;             // tiled path, TK_BAL 1: tiles per CTA (tiles = gridDim.x tq + trm)
     float clamp;             // C (TK_CLAMP 1-4)
     float eps;               // amax clamp (sf_clamp_min or the format's)
 };
@@ -237,7 +241,8 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = teams of
 // TEAM = 16 / FPL lanes; a team covers one 128-column group of RPT rows, each lane FPL
 // adjacent fragments (8 FPL columns) of each row. Tile: TEAMS RPT rows x 128 columns; grid x
-// over runs of CT consecutive column tiles, y over row tiles. A lane loads its rows' routing
+// over runs of CT consecutive column tiles, y over row tiles (TK_BAL 1: a 1D grid, each CTA a
+// contiguous range of row-major tiles, see BAL). A lane loads its rows' routing
 // entries and weights once per row tile (the dependent pos_to_token_topk -> topk_weights
 // chain and the index arithmetic are paid once for CT tiles, not once per tile: with one tile
 // per CTA these per-thread costs were about half the executed instructions); then per column
@@ -265,13 +270,25 @@ static_assert(!Q4 || TK_OUT == 0, "TK_Q4 is for fp32 output");
 #ifndef TK_PACKC
 #define TK_PACKC 0
 #endif
-// Layout C (packed UE8M0: 4 scale bytes per int32 along the scale columns) with every run a
-// full 4 tiles starting at a multiple of 4 (TK_CT 4, H / 128 a multiple of 4; the host's
-// choice): a run's 4 scale bytes of a row are one int32 of the storage, collected in a
-// register and stored once after the run (one 4-byte store and its index arithmetic per 4
-// tiles instead of a byte store per tile, whose ~30 instructions every warp issued for its
-// storing lanes).
+// Layout C (packed UE8M0: 4 scale bytes per int32 along the scale columns) with H / 128 a
+// multiple of 4 and (TK_BAL 0) every run a full 4 tiles starting at a multiple of 4 (TK_CT 4;
+// the host's choice): the 4 scale bytes of a row and 4 aligned tiles are one int32 of the
+// storage, collected in a register and stored once after the word's last tile (one 4-byte
+// store and its index arithmetic per 4 tiles instead of a byte store per tile, whose ~30
+// instructions every warp issued for its storing lanes). A balanced range that starts or ends
+// inside a word stores that word's bytes one by one (store_scale_bytes).
 constexpr bool PACK_C = TK_PACKC != 0;
+
+#ifndef TK_BAL
+#define TK_BAL 0
+#endif
+// Balanced grid (the host's BALANCED_GRID): a 1D grid of at most the resident CTAs (SMs x
+// occupancy), CTA b taking a contiguous range of p.tq or p.tq + 1 row-major (row tile, column
+// tile) pairs instead of one run of TK_CT column tiles of each gridDim.y-th row tile. With one
+// run per CTA the grid was a whole number of waves plus a partial one (K=6 H=3584 N=24240:
+// 5306 CTAs = 8.04 waves of 660; the measured times of K=2 / K=6 / K=8 fit ceil(waves) x ~13.6
+// µs), so the last wave's few CTAs ran alone; now every CTA ends within one tile of the others.
+constexpr bool BAL = TK_BAL != 0;
 static_assert(!PACK_C || (QUANT && TK_SF_OUT == 2 && TK_CT == 4), "TK_PACKC needs layout C and runs of 4 tiles");
 
 // Stores the int32 word w of layout C (4 scale bytes, scale column 4 c4 + k in byte k) of row
@@ -341,63 +358,132 @@ __device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 
 #endif
 }
 
+// Stores the bytes kb0..kb1 (kb0 <= kb1 < 4) of layout C word w (scale column 4 c4 + k in
+// byte k) of row r one byte at a time (a run of tiles that covers only part of a word: another
+// CTA stores the other bytes), and zeros in these bytes of the alignment rows N..ra when r is
+// the last row.
+__device__ __forceinline__ void store_scale_bytes(const Params& p, u64 r, u64 c4, u32 kb0, u32 kb1, u32 w) {
+    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * c4 * p.ra;  // scale column group c4: (ra,) int32 as bytes
+    for (u32 k = kb0; k <= kb1; ++k) s[4 * r + k] = (u8)(w >> (8 * k));
+    if (r + 1 == p.n)
+        for (u64 r2 = p.n; r2 < p.ra; ++r2)
+            for (u32 k = kb0; k <= kb1; ++k) s[4 * r2 + k] = 0;
+}
+
+// Column tile tc of the team's RPT rows from r0 (routing state ri, weights w): the lane loads
+// its x fragments (raw words, kept narrow until used), activates them, reduces the rows' team
+// maxima together (the RPT shuffle chains interleave) and stores the codes and (not PACK_C)
+// the scales. Returns the scale of row r0 + tl for lanes tl < RPT (0 otherwise).
+__device__ __forceinline__ float tile(const Params& p, u64 r0, const RowInfo (&ri)[RPT], const float (&w)[RPT], u32 tc, u32 tl, u32 (&cnt)[3]) {
+    // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
+    Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
+    load_tile(p, r0, tc, tl, l, v);
+    float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
+#pragma unroll
+    for (int s = 0; s < NS; ++s)
+        activate(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt);
+    // The rows' team maxima reduced together (their shuffle chains interleave), then their
+    // scales; lane i < RPT keeps the scale of row r0 + i.
+    float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
+    if constexpr (QUANT) {
+        float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
+#pragma unroll
+        for (int o = 1; o < TEAM; o <<= 1)
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            float sf;
+            group_scale(p, ri[i].processed, am[i], sf, inv[i]);
+            if (tl == i) my_sf = sf;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+        if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
+    if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
+    return my_sf;
+}
+
+// The column tiles [c_begin, c_end) of row tile tr: the lane loads its rows' routing entries
+// and weights once, then runs tile() for each column tile. PACK_C: the scale bytes of an
+// aligned group of 4 tiles (one layout C word) are collected in a register and stored after
+// the group's last tile in the range: a word, or byte by byte where the range covers only
+// part of it (balanced grid only; runs of 4 tiles start at a multiple of 4).
+__device__ __forceinline__ void row_tile(const Params& p, u64 tr, u32 c_begin, u32 c_end, u32 tl, u32 team, u32 (&cnt)[3]) {
+    const u64 r0 = tr * TR + team * RPT;  // first row of this team
+    RowInfo ri[RPT];  // rows beyond N: not processed
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
+    float w[RPT];  // (RPT,) routing weights
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+    const bool scale_lane = tl < RPT && r0 + tl < p.n;  // stores the scales of row r0 + tl
+    const u32 kb0 = c_begin % 4;                        // PACK_C: the first word's first byte
+    u32 sf_word = 0;                                    // (4,) scale bytes of row r0 + tl (PACK_C)
+#pragma unroll 1
+    for (u32 tc = c_begin, left = c_end - c_begin; left > 0; ++tc, --left) {
+        const float sf = tile(p, r0, ri, w, tc, tl, cnt);
+        if constexpr (PACK_C) {
+            sf_word |= (__float_as_uint(sf) >> 23) << (8 * (tc % 4));  // sf >= 0: its exponent byte
+            if ((tc % 4 == 3 || left == 1) && scale_lane) {
+                const u32 k0 = tc / 4 * 4 < c_begin ? kb0 : 0;  // the word's first byte in the range
+                if (k0 == 0 && tc % 4 == 3) store_scale_word(p, r0 + tl, tc / 4, sf_word);
+                else store_scale_bytes(p, r0 + tl, tc / 4, k0, tc % 4, sf_word);
+            }
+            if (tc % 4 == 3) sf_word = 0;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
-    const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
-    const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
-    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
-    const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
+    const u32 tiles_c = (u32)(p.h / TC);
     u32 cnt[3] = {0, 0, 0};
-    for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        const u64 r0 = tr * TR + team * RPT;  // first row of this team
-        u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
-        RowInfo ri[RPT];                      // rows beyond N: not processed
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
-        float w[RPT];  // (RPT,) routing weights
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
-#pragma unroll 1
-        for (u32 k = 0; k < nt; ++k) {
-            const u64 tc = tc0 + k;  // column tile
-            // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
-            Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
-            load_tile(p, r0, tc, tl, l, v);
-            float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
-#pragma unroll
-            for (int s = 0; s < NS; ++s)
-                activate(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt);
-            // The rows' team maxima reduced together (their shuffle chains interleave), then
-            // their scales; lane i < RPT stores the scale of row r0 + i.
-            float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
-            if constexpr (QUANT) {
-                float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
-#pragma unroll
-                for (int s = 0; s < NS; ++s)
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
-#pragma unroll
-                for (int o = 1; o < TEAM; o <<= 1)
-#pragma unroll
-                    for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) {
-                    float sf;
-                    group_scale(p, ri[i].processed, am[i], sf, inv[i]);
-                    if (tl == i) my_sf = sf;
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < RPT; ++i)
-                if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
-            if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
-            if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
+    if constexpr (BAL) {
+        // CTA b takes the row-major tiles [t, t_end) of the (row tile, column tile) grid:
+        // p.tq tiles, one more for b < p.trm (host: tiles = gridDim.x p.tq + p.trm < 2^32).
+        const u32 b = blockIdx.x;
+        u32 t = b * (u32)p.tq + (b < (u32)p.trm ? b : (u32)p.trm);
+        const u32 t_end = t + (u32)p.tq + (b < (u32)p.trm ? 1u : 0u);
+        u32 tr = t / tiles_c, c = t - tr * tiles_c;  // first row tile and column tile
+        while (t < t_end) {
+            const u32 c_end = t_end - t < tiles_c - c ? c + (t_end - t) : tiles_c;
+            row_tile(p, tr, c, c_end, tl, team, cnt);
+            t += c_end - c;
+            c = 0;
+            ++tr;
         }
-        if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
+    } else {
+        // The grid (x: runs of TK_CT column tiles, y: row tiles), each run stored by one CTA.
+        const u64 tiles_r = (p.n + TR - 1) / TR;
+        const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
+        const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
+        const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
+        for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+            const u64 r0 = tr * TR + team * RPT;  // first row of this team
+            u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
+            RowInfo ri[RPT];                      // rows beyond N: not processed
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
+            float w[RPT];  // (RPT,) routing weights
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+#pragma unroll 1
+            for (u32 k = 0; k < nt; ++k) {
+                const float sf = tile(p, r0, ri, w, (u32)tc0 + k, tl, cnt);
+                if (PACK_C) sf_word |= (__float_as_uint(sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
+            }
+            if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
+        }
     }
     flush_counts(p, cnt);
 }
