@@ -29,6 +29,7 @@
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
 //   TK_PACKC     tiled path, layout C with H / 128 a multiple of 4: scale bytes stored as words
+//   TK_SKIPPAD   tiled path: 1: padding rows (pos_to_expert < 0) are not loaded (p.pte set)
 //   TK_BAL       tiled path: 1: balanced 1D grid (CTA b: tiles [b tq + min(b, trm), ...)),
 //                0: grid (runs of TK_CT column tiles, row tiles)
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
@@ -75,6 +76,9 @@ constexpr float QMAX = 448.0f;
 constexpr int CLAMP = TK_CLAMP;
 static_assert(CLAMP != 4 || TK_IN == 1, "TK_CLAMP 4 clamps bf16 input");
 constexpr bool WEIGHTS = TK_W != 0;  // the routing-weight code is compiled (used if p.ptt)
+#ifndef TK_SKIPPAD
+#define TK_SKIPPAD 0  // tiled path, 1: padding rows are not loaded (see load_tile)
+#endif
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
@@ -324,17 +328,23 @@ __device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl
     }
 }
 
-// Loads the lane's fragments of the team's RPT rows from r0 in column tile tc (rows beyond N:
-// zeros, never stored).
-__device__ __forceinline__ void load_tile(const Params& p, u64 r0, u64 tc, u32 tl, Words (&l)[RPT][FPL], Words (&v)[RPT][FPL]) {
+// Loads the lane's fragments of the team's RPT rows from r0 in column tile tc (routing state
+// ri); a row beyond N gets constant words (it is never stored). TK_SKIPPAD 1: so does a
+// padding row (pos_to_expert < 0, stored as zeros whatever x holds), which saves its x reads
+// (K=2 256/EP8 N=8256: ~3 % of the rows) at the cost of waiting for the row's pos_to_expert
+// entry before the first tile's loads of a row tile; the constant gates are 1.0 so that such
+// rows take the inline division (0.0 gates would take the __fdiv_rn fallback). 0: padding
+// rows are loaded, rows beyond N get zero words.
+constexpr u32 GATE_FILL = !TK_SKIPPAD ? 0u : TK_IN == 0 ? 0x3F800000u : 0x3F803F80u;  // fp32 1.0 / bf16 (1.0, 1.0)
+__device__ __forceinline__ void load_tile(const Params& p, u64 r0, const RowInfo (&ri)[RPT], u64 tc, u32 tl, Words (&l)[RPT][FPL], Words (&v)[RPT][FPL]) {
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
-        if (r0 + i < p.n) load_lane(p, r0 + i, tc, tl, l[i], v[i]);
+        if (TK_SKIPPAD ? ri[i].processed : r0 + i < p.n) load_lane(p, r0 + i, tc, tl, l[i], v[i]);
         else
 #pragma unroll
             for (int f = 0; f < FPL; ++f)
 #pragma unroll
-                for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
+                for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = GATE_FILL, v[i][f][j] = 0;
     }
 }
 
@@ -377,7 +387,7 @@ __device__ __forceinline__ void store_scale_bytes(const Params& p, u64 r, u64 c4
 __device__ __forceinline__ float tile(const Params& p, u64 r0, const RowInfo (&ri)[RPT], const float (&w)[RPT], u32 tc, u32 tl, u32 (&cnt)[3]) {
     // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
     Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
-    load_tile(p, r0, tc, tl, l, v);
+    load_tile(p, r0, ri, tc, tl, l, v);
     float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
 #pragma unroll
     for (int s = 0; s < NS; ++s)

@@ -495,6 +495,9 @@ mod gpu {
         /// `topk_weights` loads, no `· 1.0` per element; measured 1.007x geomean, e4m3 rows
         /// 1.011-1.020x, meas31).
         pub weights: bool,
+        /// `pos_to_expert` given: the tiled path skips the padding rows' loads
+        /// ([`SKIP_PADDING_LOADS`]).
+        pub pte: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
         /// Column tiles of 128 columns per row (`H / 128`; selects the tiled path's run length).
@@ -510,6 +513,14 @@ mod gpu {
     /// 122.8 µs, 83.6 %; K=8 N=32128: 10.65 waves, 150.5 µs, 90.5 %; K=8 H=2048: 6.08 waves,
     /// 84.8 %). `false`: the old grid.
     const BALANCED_GRID: bool = true;
+
+    /// Tiled kernels launched with `pos_to_expert` do not load the padding rows' `x`
+    /// (`TK_SKIPPAD`; their output is zeros whatever `x` holds): K=2 256/EP8 N=8256 has ~3 %
+    /// padding rows, whose reads the bench counts. Costs the wait for a row tile's
+    /// `pos_to_expert` entries before its first loads and, from the 48-register cap, ~13 SASS
+    /// instructions per tile of 16 elements (sm_90a, bf16 -> e4m3 layout C: 507 -> 520), so
+    /// only these kernels get it. `false`: padding rows are loaded.
+    const SKIP_PADDING_LOADS: bool = true;
 
     /// The tiled path's shape: rows per team (`TK_RPT`), fragments per lane (`TK_FPL`) and
     /// column tiles of 128 columns per CTA (`TK_CT`). A lane's routing entries, weights and
@@ -622,6 +633,7 @@ mod gpu {
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
                         .define("TK_BAL", self.balanced() as u8)
+                        .define("TK_SKIPPAD", (SKIP_PADDING_LOADS && self.pte) as u8)
                 }
             }
         }
@@ -691,21 +703,31 @@ mod gpu {
     /// with them; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
-        let mut push_tiles = |bf16_in, out, sf, clamp, whole_row, weights, tiles| {
-            v.push(
-                FwdKernel {
-                    bf16_in,
-                    out,
-                    sf,
-                    vecio: true,
-                    clamp,
-                    weights,
-                    whole_row,
-                    tiles,
+        let mut push_tiles =
+            |bf16_in, out, sf: Option<_>, clamp, whole_row: Option<_>, weights, tiles| {
+                // With pos_to_expert too: the tiled quantized kernels from bf16 (TK_SKIPPAD).
+                let ptes: &[bool] = if bf16_in && sf.is_some() && whole_row.is_none() {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
+                for &pte in ptes {
+                    v.push(
+                        FwdKernel {
+                            bf16_in,
+                            out,
+                            sf,
+                            vecio: true,
+                            clamp,
+                            weights,
+                            pte,
+                            whole_row,
+                            tiles,
+                        }
+                        .spec(),
+                    )
                 }
-                .spec(),
-            )
-        };
+            };
         // Runs of 5 column tiles (H = 1280): bf16 to e4m3 in layouts A and C.
         for clamp in [0, 1, 3, 4] {
             for sf in [
@@ -891,6 +913,7 @@ mod gpu {
                 in_bytes == 2,
             ),
             weights: inputs.topk.is_some(),
+            pte: inputs.pos_to_expert.is_some(),
             whole_row: if quant.is_some() && npc == h && h > 128 {
                 Some(whole_row_shape(h)?)
             } else {
