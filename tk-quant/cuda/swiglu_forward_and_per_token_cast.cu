@@ -32,6 +32,7 @@
 //   TK_SKIPPAD   tiled path: 1: padding rows (pos_to_expert < 0) are not loaded (p.pte set)
 //   TK_BAL       tiled path: 1: balanced 1D grid (CTA b: tiles [b tq + min(b, trm), ...)),
 //                0: grid (runs of TK_CT column tiles, row tiles)
+//   TK_SPLITF    tiled path, FPL 2 without TK_Q4: 1: a lane's fragments 64 columns apart
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -305,11 +306,24 @@ __device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 c4,
         for (u64 r2 = p.n; r2 < p.ra; ++r2) s[c4 * p.ra + r2] = 0;
 }
 
+#ifndef TK_SPLITF
+#define TK_SPLITF 1
+#endif
+// FPL 2 without TK_Q4: 1: a lane's two fragments are half a tile (64 columns) apart, so each
+// load instruction of a team reads 8 x 16 contiguous bytes (4 whole 32-byte sectors, 8 for
+// fp32 input) and each store writes 8 x OUT_WORDS contiguous words; 0: they are adjacent (16
+// columns per lane), each 16-byte load of a team covering half of each of 8 sectors, which
+// the second load requests again (ncu of the fp32 output: 50 % excessive sectors). The e4m3
+// codes of a lane then go out as two 8-byte stores instead of one 16-byte store.
+constexpr bool SPLITF = TK_SPLITF != 0 && !Q4 && FPL == 2;
+constexpr int FSTEP = SPLITF ? TC / FPL : 8;  // columns from a lane's fragment to its next
+
 // The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
 // [h IN_BYTES, (h + 1) IN_BYTES) of the raw fragment) is quad q = 2 f + h at columns
-// tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + 8 (FPL tl + f) + 4 h.
+// tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + lane_col + FSTEP f + 4 h (SPLITF:
+// 8 tl, else 8 FPL tl).
 __device__ __forceinline__ u64 lane_col(u64 tc, u32 tl) {
-    return tc * TC + (Q4 ? 4 * tl : 8 * FPL * tl);
+    return tc * TC + (Q4 ? 4 * tl : SPLITF ? 8 * tl : 8 * FPL * tl);
 }
 
 // Loads the raw gate and value fragments of the lane in row r, column tile tc.
@@ -322,6 +336,14 @@ __device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl
             const int off = q * TEAM * 4 * IN_BYTES;  // quad q's byte offset from the lane's first column
             tkq::load_bytes<IN_BYTES * 4, VECIO>(gate + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(l[q / 2] + (q % 2) * IN_BYTES));
             tkq::load_bytes<IN_BYTES * 4, VECIO>(val + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(v[q / 2] + (q % 2) * IN_BYTES));
+        }
+    } else if constexpr (SPLITF) {
+        const u8* gate = reinterpret_cast<const u8*>(p.x) + (r * p.ldx + lane_col(tc, tl)) * IN_BYTES;  // (2H - c,) elements
+        const u8* val = gate + p.h * IN_BYTES;                                                           // (H - c,) elements
+#pragma unroll
+        for (int f = 0; f < FPL; ++f) {
+            tkq::load_bytes<IN_BYTES * 8, VECIO>(gate + f * FSTEP * IN_BYTES, l[f]);
+            tkq::load_bytes<IN_BYTES * 8, VECIO>(val + f * FSTEP * IN_BYTES, v[f]);
         }
     } else {
         load_pairs<FPL>(p, r, lane_col(tc, tl), l, v);
@@ -364,7 +386,25 @@ __device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 
         for (int q = 0; q < 2 * FPL; ++q) tkq::store_bytes<QB, VECIO>(out + q * TEAM * QB, *reinterpret_cast<const u32 (*)[QW]>(w + q * QW));
     }
 #else
-    store_outs<FPL>(p, processed, r, lane_col(tc, tl), a, inv);
+    if constexpr (SPLITF) {
+        u32 w[FPL][OUT_WORDS];  // (FPL, OUT_WORDS) packed output of each fragment
+#pragma unroll
+        for (int f = 0; f < FPL; ++f) {
+#if TK_OUT < 2
+            tkq::pack8_plain<TK_OUT>(a[f], w[f]);
+#else
+            tkq::pack8_quant<TK_OUT - 2>(a[f], inv, w[f]);
+#endif
+#pragma unroll
+            for (int j = 0; j < OUT_WORDS; ++j) w[f][j] = processed ? w[f][j] : 0u;
+        }
+        // (N, H) bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes
+        u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + lane_col(tc, tl)) / 8 * (OUT_WORDS * 4);
+#pragma unroll
+        for (int f = 0; f < FPL; ++f) tkq::store_bytes<OUT_WORDS * 4, VECIO>(out + f * (FSTEP / 8) * (OUT_WORDS * 4), w[f]);
+    } else {
+        store_outs<FPL>(p, processed, r, lane_col(tc, tl), a, inv);
+    }
 #endif
 }
 
