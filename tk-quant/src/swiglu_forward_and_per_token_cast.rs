@@ -331,6 +331,15 @@ pub fn validate_dims(
     })
 }
 
+/// The balanced grid of the tiled kernels (`TK_BAL`) for `tiles` (row tile, column tile)
+/// pairs (`tiles >= 1`) and `slots` resident CTAs: `(ctas, tq, trm)`, CTA `b < ctas` taking
+/// the `tq + (b < trm)` row-major tiles from `b·tq + min(b, trm)`.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn balanced_split(tiles: usize, slots: usize) -> (usize, usize, usize) {
+    let ctas = tiles.min(slots.max(1));
+    (ctas, tiles / ctas, tiles % ctas)
+}
+
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
@@ -946,8 +955,8 @@ mod gpu {
                     .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
                     as usize;
                 let slots = dev.props().sm_count.max(1) as usize * per_sm.max(1);
-                let ctas = tiles.min(slots);
-                (a.tq, a.trm) = ((tiles / ctas) as u64, (tiles % ctas) as u64);
+                let (ctas, tq, trm) = super::balanced_split(tiles, slots);
+                (a.tq, a.trm) = (tq as u64, trm as u64);
                 LaunchConfig {
                     grid_dim: (ctas as u32, 1, 1),
                     block_dim: (256, 1, 1),
@@ -1035,5 +1044,70 @@ mod gpu {
             out,
             clamped_count: counts,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::balanced_split;
+
+    /// A CPU model of the balanced tiled kernel's walk (`TK_BAL` 1 with `TK_PACKC`): every
+    /// (row tile, column tile) is processed by exactly one CTA, and every scale byte of
+    /// layout C by exactly one store (a whole word when the CTA's range covers its 4 tiles,
+    /// else bytes `k0..=tc % 4`), for grids with and without a remainder.
+    #[test]
+    fn balanced_walk_covers_tiles_and_scale_bytes_once() {
+        for (tiles_r, tiles_c, slots) in [
+            (758, 28, 660),
+            (258, 28, 660),
+            (1004, 16, 660),
+            (3, 8, 660),
+            (1, 4, 5),
+            (37, 12, 7),
+            (5, 4, 3),
+        ] {
+            let (ctas, tq, trm) = balanced_split(tiles_r * tiles_c, slots);
+            let mut tile_seen = vec![0u32; tiles_r * tiles_c];
+            let mut byte_seen = vec![0u32; tiles_r * tiles_c];
+            for b in 0..ctas {
+                // The kernel's loop (u32 in the kernel).
+                let mut t = b * tq + b.min(trm);
+                let t_end = t + tq + usize::from(b < trm);
+                let (mut tr, mut c) = (t / tiles_c, t % tiles_c);
+                while t < t_end {
+                    let c_end = if t_end - t < tiles_c - c {
+                        c + (t_end - t)
+                    } else {
+                        tiles_c
+                    };
+                    // row_tile(tr, c, c_end)
+                    let kb0 = c % 4;
+                    for tc in c..c_end {
+                        tile_seen[tr * tiles_c + tc] += 1;
+                        let left = c_end - tc;
+                        if tc % 4 == 3 || left == 1 {
+                            let k0 = if tc / 4 * 4 < c { kb0 } else { 0 };
+                            let (lo, hi) = if k0 == 0 && tc % 4 == 3 {
+                                (0, 3)
+                            } else {
+                                (k0, tc % 4)
+                            };
+                            for k in lo..=hi {
+                                byte_seen[tr * tiles_c + tc / 4 * 4 + k] += 1;
+                            }
+                        }
+                    }
+                    t += c_end - c;
+                    c = 0;
+                    tr += 1;
+                }
+            }
+            let case = format!("tiles {tiles_r} x {tiles_c}, {slots} slots");
+            assert!(tile_seen.iter().all(|&n| n == 1), "{case}: tiles");
+            assert!(byte_seen.iter().all(|&n| n == 1), "{case}: scale bytes");
+            assert!(
+                ctas <= slots && tq + usize::from(trm > 0) <= (tiles_r * tiles_c).div_ceil(ctas)
+            );
+        }
     }
 }
