@@ -33,6 +33,7 @@
 //   TK_BAL       tiled path: 1: balanced 1D grid (CTA b: tiles [b tq + min(b, trm), ...)),
 //                0: grid (runs of TK_CT column tiles, row tiles)
 //   TK_SPLITF    tiled path, FPL 2 without TK_Q4: 1: a lane's fragments 64 columns apart
+//   TK_PF256     tiled path, SPLITF: 1: bf16 loads with the .L2::256B prefetch-size hint
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -318,6 +319,20 @@ __device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 c4,
 constexpr bool SPLITF = TK_SPLITF != 0 && !Q4 && FPL == 2;
 constexpr int FSTEP = SPLITF ? TC / FPL : 8;  // columns from a lane's fragment to its next
 
+#ifndef TK_PF256
+#define TK_PF256 1
+#endif
+// SPLITF, bf16 vector loads: 1: with the L2 prefetch-size hint .L2::256B (a team's two load
+// instructions read the two 128-byte halves of one 256-byte span of gate, and of value, so
+// the first asks L2 for the whole span from DRAM at once); 0: __ldg (no hint).
+__device__ __forceinline__ void load16_pf(const u8* src, u32 (&w)[4]) {
+    if constexpr (TK_PF256 != 0) {
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(src));
+    } else {
+        tkq::load_bytes<16, true>(src, w);
+    }
+}
+
 // The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
 // [h IN_BYTES, (h + 1) IN_BYTES) of the raw fragment) is quad q = 2 f + h at columns
 // tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + lane_col + FSTEP f + 4 h (SPLITF:
@@ -342,8 +357,13 @@ __device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl
         const u8* val = gate + p.h * IN_BYTES;                                                           // (H - c,) elements
 #pragma unroll
         for (int f = 0; f < FPL; ++f) {
-            tkq::load_bytes<IN_BYTES * 8, VECIO>(gate + f * FSTEP * IN_BYTES, l[f]);
-            tkq::load_bytes<IN_BYTES * 8, VECIO>(val + f * FSTEP * IN_BYTES, v[f]);
+            if constexpr (VECIO && IN_BYTES == 2) {
+                load16_pf(gate + f * FSTEP * IN_BYTES, *reinterpret_cast<u32 (*)[4]>(l[f]));  // Words is u32[4]
+                load16_pf(val + f * FSTEP * IN_BYTES, *reinterpret_cast<u32 (*)[4]>(v[f]));
+            } else {
+                tkq::load_bytes<IN_BYTES * 8, VECIO>(gate + f * FSTEP * IN_BYTES, l[f]);
+                tkq::load_bytes<IN_BYTES * 8, VECIO>(val + f * FSTEP * IN_BYTES, v[f]);
+            }
         }
     } else {
         load_pairs<FPL>(p, r, lane_col(tc, tl), l, v);
