@@ -28,13 +28,7 @@
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers, 5: 48)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
-//   TK_PACKC     tiled path, layout C with H / 128 a multiple of 4: scale bytes stored as words
 //   TK_SKIPPAD   tiled path: 1: padding rows (pos_to_expert < 0) are not loaded (p.pte set)
-//   TK_BAL       tiled path: 1: balanced 1D grid (CTA b: tiles [b tq + min(b, trm), ...)),
-//                0: grid (runs of TK_CT column tiles, row tiles)
-//   TK_SPLITF    tiled path, FPL 2 without TK_Q4: 1: a lane's fragments 64 columns apart
-//   TK_PF256     tiled path, SPLITF: 1: bf16 loads with the .L2::256B prefetch-size hint
-//   TK_RAWCHECK  tiled path, bf16, TK_CLAMP 0 / 4: 1: the division range check on raw bf16 words
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -58,7 +52,6 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
-    u64 tq, trm;             // tiled path, TK_BAL 1: tiles per CTA (tiles = gridDim.x tq + trm)
     float clamp;             // C (TK_CLAMP 1-4)
     float eps;               // amax clamp (sf_clamp_min or the format's)
 };
@@ -149,16 +142,15 @@ __device__ __forceinline__ void clamp_raw(const Params& p, Words& lw, Words& vw)
     }
 }
 
-#ifndef TK_RAWCHECK
-#define TK_RAWCHECK 1
-#endif
 // bf16 input whose gates reach the division as loaded or clamped on the raw pairs (TK_CLAMP 0
-// or 4), tiled path: 1: the inline division's range check (tkq::fast_div_ok: |l| in [2^-40,
-// 40]) runs once per tile on the raw bf16 words (|l| as 16-bit integers, in the order of the
+// or 4), tiled path: the inline division's range check (tkq::fast_div_ok: |l| in [2^-40, 40])
+// runs once per tile on the raw bf16 words (|l| as 16-bit integers, in the order of the
 // values, NaN above inf: one mask per pair, u16x2 minima and maxima over the lane's 16 gates,
-// 6 compares), instead of two fp32 compares per gate and fragment (sm_90a bf16 -> e4m3 layout
-// C: ~38 -> ~28 instructions per tile); 0: per fragment in fp32.
-constexpr bool RAWCHECK = TK_RAWCHECK != 0 && TK_IN == 1 && (CLAMP == 0 || CLAMP == 4);
+// 4 compares) instead of two fp32 compares per gate and fragment (sm_90a bf16 -> e4m3 layout
+// C: ~38 -> ~28 instructions per tile). Measured with the balanced grid of session 8 (since
+// removed; meas m4, H200): the per-fragment fp32 check was 1.018x slower in the mean (K=6
+// H=3584 N=24240 weights 165.4 vs 160.6 us, clamp 0.5 with pos_to_expert 130.3 vs 126.1 us).
+constexpr bool RAWCHECK = TK_IN == 1 && (CLAMP == 0 || CLAMP == 4);
 
 __device__ __forceinline__ u32 umin16x2(u32 a, u32 b) {
     u32 r;
@@ -312,8 +304,7 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = teams of
 // TEAM = 16 / FPL lanes; a team covers one 128-column group of RPT rows, each lane FPL
 // adjacent fragments (8 FPL columns) of each row. Tile: TEAMS RPT rows x 128 columns; grid x
-// over runs of CT consecutive column tiles, y over row tiles (TK_BAL 1: a 1D grid, each CTA a
-// contiguous range of row-major tiles, see BAL). A lane loads its rows' routing
+// over runs of CT consecutive column tiles, y over row tiles. A lane loads its rows' routing
 // entries and weights once per row tile (the dependent pos_to_token_topk -> topk_weights
 // chain and the index arithmetic are paid once for CT tiles, not once per tile: with one tile
 // per CTA these per-thread costs were about half the executed instructions); then per column
@@ -341,25 +332,13 @@ static_assert(!Q4 || TK_OUT == 0, "TK_Q4 is for fp32 output");
 #ifndef TK_PACKC
 #define TK_PACKC 0
 #endif
-// Layout C (packed UE8M0: 4 scale bytes per int32 along the scale columns) with H / 128 a
-// multiple of 4 and (TK_BAL 0) every run a full 4 tiles starting at a multiple of 4 (TK_CT 4;
-// the host's choice): the 4 scale bytes of a row and 4 aligned tiles are one int32 of the
-// storage, collected in a register and stored once after the word's last tile (one 4-byte
-// store and its index arithmetic per 4 tiles instead of a byte store per tile, whose ~30
-// instructions every warp issued for its storing lanes). A balanced range that starts or ends
-// inside a word stores that word's bytes one by one (store_scale_bytes).
+// Layout C (packed UE8M0: 4 scale bytes per int32 along the scale columns) with every run a
+// full 4 tiles starting at a multiple of 4 (TK_CT 4, H / 128 a multiple of 4; the host's
+// choice): a run's 4 scale bytes of a row are one int32 of the storage, collected in a
+// register and stored once after the run (one 4-byte store and its index arithmetic per 4
+// tiles instead of a byte store per tile, whose ~30 instructions every warp issued for its
+// storing lanes).
 constexpr bool PACK_C = TK_PACKC != 0;
-
-#ifndef TK_BAL
-#define TK_BAL 0
-#endif
-// Balanced grid (the host's BALANCED_GRID): a 1D grid of at most the resident CTAs (SMs x
-// occupancy), CTA b taking a contiguous range of p.tq or p.tq + 1 row-major (row tile, column
-// tile) pairs instead of one run of TK_CT column tiles of each gridDim.y-th row tile. With one
-// run per CTA the grid was a whole number of waves plus a partial one (K=6 H=3584 N=24240:
-// 5306 CTAs = 8.04 waves of 660; the measured times of K=2 / K=6 / K=8 fit ceil(waves) x ~13.6
-// µs), so the last wave's few CTAs ran alone; now every CTA ends within one tile of the others.
-constexpr bool BAL = TK_BAL != 0;
 static_assert(!PACK_C || (QUANT && TK_SF_OUT == 2 && TK_CT == 4), "TK_PACKC needs layout C and runs of 4 tiles");
 
 // Stores the int32 word w of layout C (4 scale bytes, scale column 4 c4 + k in byte k) of row
@@ -372,38 +351,11 @@ __device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 c4,
         for (u64 r2 = p.n; r2 < p.ra; ++r2) s[c4 * p.ra + r2] = 0;
 }
 
-#ifndef TK_SPLITF
-#define TK_SPLITF 1
-#endif
-// FPL 2 without TK_Q4: 1: a lane's two fragments are half a tile (64 columns) apart, so each
-// load instruction of a team reads 8 x 16 contiguous bytes (4 whole 32-byte sectors, 8 for
-// fp32 input) and each store writes 8 x OUT_WORDS contiguous words; 0: they are adjacent (16
-// columns per lane), each 16-byte load of a team covering half of each of 8 sectors, which
-// the second load requests again (ncu of the fp32 output: 50 % excessive sectors). The e4m3
-// codes of a lane then go out as two 8-byte stores instead of one 16-byte store.
-constexpr bool SPLITF = TK_SPLITF != 0 && !Q4 && FPL == 2;
-constexpr int FSTEP = SPLITF ? TC / FPL : 8;  // columns from a lane's fragment to its next
-
-#ifndef TK_PF256
-#define TK_PF256 1
-#endif
-// SPLITF, bf16 vector loads: 1: with the L2 prefetch-size hint .L2::256B (a team's two load
-// instructions read the two 128-byte halves of one 256-byte span of gate, and of value, so
-// the first asks L2 for the whole span from DRAM at once); 0: __ldg (no hint).
-__device__ __forceinline__ void load16_pf(const u8* src, u32 (&w)[4]) {
-    if constexpr (TK_PF256 != 0) {
-        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(src));
-    } else {
-        tkq::load_bytes<16, true>(src, w);
-    }
-}
-
 // The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
 // [h IN_BYTES, (h + 1) IN_BYTES) of the raw fragment) is quad q = 2 f + h at columns
-// tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + lane_col + FSTEP f + 4 h (SPLITF:
-// 8 tl, else 8 FPL tl).
+// tc TC + 4 (q TEAM + tl) with TK_Q4, else columns tc TC + 8 (FPL tl + f) + 4 h.
 __device__ __forceinline__ u64 lane_col(u64 tc, u32 tl) {
-    return tc * TC + (Q4 ? 4 * tl : SPLITF ? 8 * tl : 8 * FPL * tl);
+    return tc * TC + (Q4 ? 4 * tl : 8 * FPL * tl);
 }
 
 // Loads the raw gate and value fragments of the lane in row r, column tile tc.
@@ -416,19 +368,6 @@ __device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl
             const int off = q * TEAM * 4 * IN_BYTES;  // quad q's byte offset from the lane's first column
             tkq::load_bytes<IN_BYTES * 4, VECIO>(gate + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(l[q / 2] + (q % 2) * IN_BYTES));
             tkq::load_bytes<IN_BYTES * 4, VECIO>(val + off, *reinterpret_cast<u32 (*)[IN_BYTES]>(v[q / 2] + (q % 2) * IN_BYTES));
-        }
-    } else if constexpr (SPLITF) {
-        const u8* gate = reinterpret_cast<const u8*>(p.x) + (r * p.ldx + lane_col(tc, tl)) * IN_BYTES;  // (2H - c,) elements
-        const u8* val = gate + p.h * IN_BYTES;                                                           // (H - c,) elements
-#pragma unroll
-        for (int f = 0; f < FPL; ++f) {
-            if constexpr (VECIO && IN_BYTES == 2) {
-                load16_pf(gate + f * FSTEP * IN_BYTES, *reinterpret_cast<u32 (*)[4]>(l[f]));  // Words is u32[4]
-                load16_pf(val + f * FSTEP * IN_BYTES, *reinterpret_cast<u32 (*)[4]>(v[f]));
-            } else {
-                tkq::load_bytes<IN_BYTES * 8, VECIO>(gate + f * FSTEP * IN_BYTES, l[f]);
-                tkq::load_bytes<IN_BYTES * 8, VECIO>(val + f * FSTEP * IN_BYTES, v[f]);
-            }
         }
     } else {
         load_pairs<FPL>(p, r, lane_col(tc, tl), l, v);
@@ -471,165 +410,81 @@ __device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 
         for (int q = 0; q < 2 * FPL; ++q) tkq::store_bytes<QB, VECIO>(out + q * TEAM * QB, *reinterpret_cast<const u32 (*)[QW]>(w + q * QW));
     }
 #else
-    if constexpr (SPLITF) {
-        u32 w[FPL][OUT_WORDS];  // (FPL, OUT_WORDS) packed output of each fragment
-#pragma unroll
-        for (int f = 0; f < FPL; ++f) {
-#if TK_OUT < 2
-            tkq::pack8_plain<TK_OUT>(a[f], w[f]);
-#else
-            tkq::pack8_quant<TK_OUT - 2>(a[f], inv, w[f]);
+    store_outs<FPL>(p, processed, r, lane_col(tc, tl), a, inv);
 #endif
-#pragma unroll
-            for (int j = 0; j < OUT_WORDS; ++j) w[f][j] = processed ? w[f][j] : 0u;
-        }
-        // (N, H) bf16 / e4m3 or (N, H/2) e2m1: 8 columns are OUT_WORDS * 4 bytes
-        u8* out = reinterpret_cast<u8*>(p.out) + (r * p.h + lane_col(tc, tl)) / 8 * (OUT_WORDS * 4);
-#pragma unroll
-        for (int f = 0; f < FPL; ++f) tkq::store_bytes<OUT_WORDS * 4, VECIO>(out + f * (FSTEP / 8) * (OUT_WORDS * 4), w[f]);
-    } else {
-        store_outs<FPL>(p, processed, r, lane_col(tc, tl), a, inv);
-    }
-#endif
-}
-
-// Stores the bytes kb0..kb1 (kb0 <= kb1 < 4) of layout C word w (scale column 4 c4 + k in
-// byte k) of row r one byte at a time (a run of tiles that covers only part of a word: another
-// CTA stores the other bytes), and zeros in these bytes of the alignment rows N..ra when r is
-// the last row.
-__device__ __forceinline__ void store_scale_bytes(const Params& p, u64 r, u64 c4, u32 kb0, u32 kb1, u32 w) {
-    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * c4 * p.ra;  // scale column group c4: (ra,) int32 as bytes
-    for (u32 k = kb0; k <= kb1; ++k) s[4 * r + k] = (u8)(w >> (8 * k));
-    if (r + 1 == p.n)
-        for (u64 r2 = p.n; r2 < p.ra; ++r2)
-            for (u32 k = kb0; k <= kb1; ++k) s[4 * r2 + k] = 0;
-}
-
-// Column tile tc of the team's RPT rows from r0 (routing state ri, weights w): the lane loads
-// its x fragments (raw words, kept narrow until used), activates them, reduces the rows' team
-// maxima together (the RPT shuffle chains interleave) and stores the codes and (not PACK_C)
-// the scales. Returns the scale of row r0 + tl for lanes tl < RPT (0 otherwise).
-__device__ __forceinline__ float tile(const Params& p, u64 r0, const RowInfo (&ri)[RPT], const float (&w)[RPT], u32 tc, u32 tl, u32 (&cnt)[3]) {
-    // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
-    Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
-    load_tile(p, r0, ri, tc, tl, l, v);
-    float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
-    bool ok[RPT];          // (RPT,) RAWCHECK: the rows' gates pass the inline division's range
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        ok[i] = true;
-        if constexpr (RAWCHECK) {
-            if constexpr (CLAMP == 4)
-#pragma unroll
-                for (int f = 0; f < FPL; ++f) clamp_raw(p, l[i][f], v[i][f]);
-            ok[i] = gates_ok_raw(l[i]);
-        }
-    }
-#pragma unroll
-    for (int s = 0; s < NS; ++s)
-        activate<RAWCHECK>(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt, ok[s / FPL]);
-    // The rows' team maxima reduced together (their shuffle chains interleave), then their
-    // scales; lane i < RPT keeps the scale of row r0 + i.
-    float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
-    if constexpr (QUANT) {
-        float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < NS; ++s)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
-#pragma unroll
-        for (int o = 1; o < TEAM; o <<= 1)
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            float sf;
-            group_scale(p, ri[i].processed, am[i], sf, inv[i]);
-            if (tl == i) my_sf = sf;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < RPT; ++i)
-        if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
-    if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
-    return my_sf;
-}
-
-// The column tiles [c_begin, c_end) of row tile tr: the lane loads its rows' routing entries
-// and weights once, then runs tile() for each column tile. PACK_C: the scale bytes of an
-// aligned group of 4 tiles (one layout C word) are collected in a register and stored after
-// the group's last tile in the range: a word, or byte by byte where the range covers only
-// part of it (balanced grid only; runs of 4 tiles start at a multiple of 4).
-__device__ __forceinline__ void row_tile(const Params& p, u64 tr, u32 c_begin, u32 c_end, u32 tl, u32 team, u32 (&cnt)[3]) {
-    const u64 r0 = tr * TR + team * RPT;  // first row of this team
-    RowInfo ri[RPT];  // rows beyond N: not processed
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
-    float w[RPT];  // (RPT,) routing weights
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
-    const bool scale_lane = tl < RPT && r0 + tl < p.n;  // stores the scales of row r0 + tl
-    const u32 kb0 = c_begin % 4;                        // PACK_C: the first word's first byte
-    u32 sf_word = 0;                                    // (4,) scale bytes of row r0 + tl (PACK_C)
-#pragma unroll 1
-    for (u32 tc = c_begin, left = c_end - c_begin; left > 0; ++tc, --left) {
-        const float sf = tile(p, r0, ri, w, tc, tl, cnt);
-        if constexpr (PACK_C) {
-            sf_word |= (__float_as_uint(sf) >> 23) << (8 * (tc % 4));  // sf >= 0: its exponent byte
-            if ((tc % 4 == 3 || left == 1) && scale_lane) {
-                const u32 k0 = tc / 4 * 4 < c_begin ? kb0 : 0;  // the word's first byte in the range
-                if (k0 == 0 && tc % 4 == 3) store_scale_word(p, r0 + tl, tc / 4, sf_word);
-                else store_scale_bytes(p, r0 + tl, tc / 4, k0, tc % 4, sf_word);
-            }
-            if (tc % 4 == 3) sf_word = 0;
-        }
-    }
 }
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
-    const u32 tiles_c = (u32)(p.h / TC);
+    const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
+    const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
+    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
+    const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
     u32 cnt[3] = {0, 0, 0};
-    if constexpr (BAL) {
-        // CTA b takes the row-major tiles [t, t_end) of the (row tile, column tile) grid:
-        // p.tq tiles, one more for b < p.trm (host: tiles = gridDim.x p.tq + p.trm < 2^32).
-        const u32 b = blockIdx.x;
-        u32 t = b * (u32)p.tq + (b < (u32)p.trm ? b : (u32)p.trm);
-        const u32 t_end = t + (u32)p.tq + (b < (u32)p.trm ? 1u : 0u);
-        u32 tr = t / tiles_c, c = t - tr * tiles_c;  // first row tile and column tile
-        while (t < t_end) {
-            const u32 c_end = t_end - t < tiles_c - c ? c + (t_end - t) : tiles_c;
-            row_tile(p, tr, c, c_end, tl, team, cnt);
-            t += c_end - c;
-            c = 0;
-            ++tr;
-        }
-    } else {
-        // The grid (x: runs of TK_CT column tiles, y: row tiles), each run stored by one CTA.
-        const u64 tiles_r = (p.n + TR - 1) / TR;
-        const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
-        const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
-        const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
-        for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-            const u64 r0 = tr * TR + team * RPT;  // first row of this team
-            u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
-            RowInfo ri[RPT];                      // rows beyond N: not processed
+    // tr and tr TR in u32: x has fewer than 2^32 rows (each row holds at least 512 bytes).
+    // With the raw-word range check, u64 (main's type) spilled 12 bytes in the sm_100a H = 1280
+    // layout C kernels, and a u64 product 8-36 bytes in five others.
+    for (u32 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        const u64 r0 = tr * TR + team * RPT;  // first row of this team
+        u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
+        RowInfo ri[RPT];                      // rows beyond N: not processed
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
-            float w[RPT];  // (RPT,) routing weights
+        for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
+        float w[RPT];  // (RPT,) routing weights
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+        for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
-            for (u32 k = 0; k < nt; ++k) {
-                const float sf = tile(p, r0, ri, w, (u32)tc0 + k, tl, cnt);
-                if (PACK_C) sf_word |= (__float_as_uint(sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
+        for (u32 k = 0; k < nt; ++k) {
+            const u64 tc = tc0 + k;  // column tile
+            // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
+            Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
+            load_tile(p, r0, ri, tc, tl, l, v);
+            float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
+            bool ok[RPT];          // (RPT,) RAWCHECK: the rows' gates pass the inline division's range
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                ok[i] = true;
+                if constexpr (RAWCHECK) {
+                    if constexpr (CLAMP == 4)
+#pragma unroll
+                        for (int f = 0; f < FPL; ++f) clamp_raw(p, l[i][f], v[i][f]);
+                    ok[i] = gates_ok_raw(l[i]);
+                }
             }
-            if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
+#pragma unroll
+            for (int s = 0; s < NS; ++s)
+                activate<RAWCHECK>(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt, ok[s / FPL]);
+            // The rows' team maxima reduced together (their shuffle chains interleave), then
+            // their scales; lane i < RPT stores the scale of row r0 + i.
+            float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
+            if constexpr (QUANT) {
+                float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
+#pragma unroll
+                for (int s = 0; s < NS; ++s)
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
+#pragma unroll
+                for (int o = 1; o < TEAM; o <<= 1)
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) {
+                    float sf;
+                    group_scale(p, ri[i].processed, am[i], sf, inv[i]);
+                    if (tl == i) my_sf = sf;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+                if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
+            if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
+            if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
+        if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
     }
     flush_counts(p, cnt);
 }

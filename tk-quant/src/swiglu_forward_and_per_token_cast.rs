@@ -331,15 +331,6 @@ pub fn validate_dims(
     })
 }
 
-/// The balanced grid of the tiled kernels (`TK_BAL`) for `tiles` (row tile, column tile)
-/// pairs (`tiles >= 1`) and `slots` resident CTAs: `(ctas, tq, trm)`, CTA `b < ctas` taking
-/// the `tq + (b < trm)` row-major tiles from `b·tq + min(b, trm)`.
-#[cfg(any(feature = "cuda", test))]
-pub(crate) fn balanced_split(tiles: usize, slots: usize) -> (usize, usize, usize) {
-    let ctas = tiles.min(slots.max(1));
-    (ctas, tiles / ctas, tiles % ctas)
-}
-
 #[cfg(feature = "cuda")]
 pub use gpu::*;
 
@@ -350,9 +341,8 @@ pub use gpu::*;
 /// Kernel: groups of 128 columns (and the plain formats) use a tiled kernel, a CTA of 32 teams
 /// of 8 lanes, each lane 16 columns of one row (bf16 input; fp32: 16 teams of 16 lanes, 8
 /// columns per lane; 16-byte loads of gate and value, the group's amax by 3 or 4 warp
-/// shuffles), 4 column tiles per CTA with the row's routing loaded once (quantized outputs: a
-/// balanced grid of at most the resident CTAs, each a contiguous range of tiles), at most 48
-/// registers (64 for the select clamp); `npc == H` uses
+/// shuffles), 4 column tiles per CTA with the row's routing loaded once, at most 64
+/// registers; `npc == H` uses
 /// one CTA per row, the row's activations held in registers between the amax and the cast.
 /// The division runs inline when a fragment's gates allow (the exact fast path of CUDA's
 /// division, see `cuda/fused_io.cuh`). No host synchronisation.
@@ -477,13 +467,11 @@ mod gpu {
         h: u64,
         nbk: u64,
         ra: u64,
-        tq: u64,
-        trm: u64,
         clamp: f32,
         eps: f32,
     }
 
-    // SAFETY: `FwdArgs` is `repr(C)` plain old data (20 × u64 then 2 × 4 bytes, no padding),
+    // SAFETY: `FwdArgs` is `repr(C)` plain old data (18 × u64 then 2 × 4 bytes, no padding),
     // laid out exactly as the kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for FwdArgs {}
 
@@ -504,32 +492,21 @@ mod gpu {
         /// `topk_weights` loads, no `· 1.0` per element; measured 1.007x geomean, e4m3 rows
         /// 1.011-1.020x, meas31).
         pub weights: bool,
-        /// `pos_to_expert` given: the tiled path skips the padding rows' loads
-        /// ([`SKIP_PADDING_LOADS`]).
+        /// `pos_to_expert` given: the tiled path does not load the padding rows' `x`
+        /// (`TK_SKIPPAD`; their output is zeros whatever `x` holds; K=2 256/EP8 N=8256 has ~3 %
+        /// of them). It costs the wait for a row tile's `pos_to_expert` entries before its
+        /// first loads and ~13 SASS instructions per tile at the 48-register cap (sm_90a, bf16
+        /// -> e4m3 layout C: 507 -> 520), so only these kernels get it. Measured (meas m4,
+        /// H200, session 8: the build without the balanced grid, tried and removed): K=6
+        /// H=3584 N=24240 with `pos_to_expert` 113.4 vs 121.3 µs on main (no clamp) and 117.9
+        /// vs 124.4 µs (clamp 0.5), the same shapes without `pos_to_expert` (no skipping)
+        /// 119.4 µs; with the balanced grid, skipping off was 1.037x slower in the mean.
         pub pte: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
         /// Column tiles of 128 columns per row (`H / 128`; selects the tiled path's run length).
         pub tiles: usize,
     }
-
-    /// The tiled quantized kernels launch a balanced grid (`TK_BAL`): at most one CTA per
-    /// resident slot (SMs x the compiled function's occupancy), CTA `b` taking a contiguous
-    /// range of `tiles / ctas` (or one more) row-major (32-row tile, 128-column tile) pairs,
-    /// instead of one CTA per run of 4 column tiles and row tile. The old grid was a whole
-    /// number of waves plus a partial one whose few CTAs ran alone: meas32 times of the same
-    /// kernel fit ceil(waves) x ~13.6 µs (K=6 H=3584 N=24240: 5306 CTAs = 8.04 waves of 660,
-    /// 122.8 µs, 83.6 %; K=8 N=32128: 10.65 waves, 150.5 µs, 90.5 %; K=8 H=2048: 6.08 waves,
-    /// 84.8 %). `false`: the old grid.
-    const BALANCED_GRID: bool = true;
-
-    /// Tiled kernels launched with `pos_to_expert` do not load the padding rows' `x`
-    /// (`TK_SKIPPAD`; their output is zeros whatever `x` holds): K=2 256/EP8 N=8256 has ~3 %
-    /// padding rows, whose reads the bench counts. Costs the wait for a row tile's
-    /// `pos_to_expert` entries before its first loads and, from the 48-register cap, ~13 SASS
-    /// instructions per tile of 16 elements (sm_90a, bf16 -> e4m3 layout C: 507 -> 520), so
-    /// only these kernels get it. `false`: padding rows are loaded.
-    const SKIP_PADDING_LOADS: bool = true;
 
     /// The tiled path's shape: rows per team (`TK_RPT`), fragments per lane (`TK_FPL`) and
     /// column tiles of 128 columns per CTA (`TK_CT`). A lane's routing entries, weights and
@@ -577,12 +554,6 @@ mod gpu {
                     col_tiles,
                 }
             }
-        }
-
-        /// Whether the launch uses the balanced grid ([`BALANCED_GRID`]): tiled quantized
-        /// kernels.
-        fn balanced(&self) -> bool {
-            BALANCED_GRID && self.sf.is_some() && self.whole_row.is_none()
         }
 
         /// `TK_MINB` of the tiled path: [`FWD_QUANT_MIN_BLOCKS`] / [`FWD_PLAIN_MIN_BLOCKS`],
@@ -641,8 +612,7 @@ mod gpu {
                         .define("TK_CT", t.col_tiles)
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
-                        .define("TK_BAL", self.balanced() as u8)
-                        .define("TK_SKIPPAD", (SKIP_PADDING_LOADS && self.pte) as u8)
+                        .define("TK_SKIPPAD", self.pte as u8)
                 }
             }
         }
@@ -934,35 +904,12 @@ mod gpu {
             return Ok(());
         }
         let big = i32::MAX as usize;
-        let f = dev.function(&kernel.spec())?;
         let cfg = match kernel.whole_row {
             Some((threads, _)) => LaunchConfig {
                 grid_dim: (n.min(big) as u32, 1, 1),
                 block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             },
-            None if kernel.balanced() => {
-                let t = kernel.tiled();
-                let tiles = n.div_ceil(t.tile_rows()) * (h / 128);
-                if tiles > u32::MAX as usize {
-                    return Err(TkError::param(
-                        "x",
-                        format!("{tiles} tiles exceed the tiled kernel's limit of 2^32 - 1"),
-                    ));
-                }
-                let per_sm = f
-                    .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                    .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
-                    as usize;
-                let slots = dev.props().sm_count.max(1) as usize * per_sm.max(1);
-                let (ctas, tq, trm) = super::balanced_split(tiles, slots);
-                (a.tq, a.trm) = (tq as u64, trm as u64);
-                LaunchConfig {
-                    grid_dim: (ctas as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                }
-            }
             None => LaunchConfig {
                 grid_dim: (
                     (h / 128).div_ceil(kernel.tiled().col_tiles) as u32,
@@ -973,6 +920,7 @@ mod gpu {
                 shared_mem_bytes: 0,
             },
         };
+        let f = dev.function(&kernel.spec())?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&a);
         // SAFETY: x was validated as (N, 2H) with unit column stride and the row stride passed;
@@ -1044,70 +992,5 @@ mod gpu {
             out,
             clamped_count: counts,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::balanced_split;
-
-    /// A CPU model of the balanced tiled kernel's walk (`TK_BAL` 1 with `TK_PACKC`): every
-    /// (row tile, column tile) is processed by exactly one CTA, and every scale byte of
-    /// layout C by exactly one store (a whole word when the CTA's range covers its 4 tiles,
-    /// else bytes `k0..=tc % 4`), for grids with and without a remainder.
-    #[test]
-    fn balanced_walk_covers_tiles_and_scale_bytes_once() {
-        for (tiles_r, tiles_c, slots) in [
-            (758, 28, 660),
-            (258, 28, 660),
-            (1004, 16, 660),
-            (3, 8, 660),
-            (1, 4, 5),
-            (37, 12, 7),
-            (5, 4, 3),
-        ] {
-            let (ctas, tq, trm) = balanced_split(tiles_r * tiles_c, slots);
-            let mut tile_seen = vec![0u32; tiles_r * tiles_c];
-            let mut byte_seen = vec![0u32; tiles_r * tiles_c];
-            for b in 0..ctas {
-                // The kernel's loop (u32 in the kernel).
-                let mut t = b * tq + b.min(trm);
-                let t_end = t + tq + usize::from(b < trm);
-                let (mut tr, mut c) = (t / tiles_c, t % tiles_c);
-                while t < t_end {
-                    let c_end = if t_end - t < tiles_c - c {
-                        c + (t_end - t)
-                    } else {
-                        tiles_c
-                    };
-                    // row_tile(tr, c, c_end)
-                    let kb0 = c % 4;
-                    for tc in c..c_end {
-                        tile_seen[tr * tiles_c + tc] += 1;
-                        let left = c_end - tc;
-                        if tc % 4 == 3 || left == 1 {
-                            let k0 = if tc / 4 * 4 < c { kb0 } else { 0 };
-                            let (lo, hi) = if k0 == 0 && tc % 4 == 3 {
-                                (0, 3)
-                            } else {
-                                (k0, tc % 4)
-                            };
-                            for k in lo..=hi {
-                                byte_seen[tr * tiles_c + tc / 4 * 4 + k] += 1;
-                            }
-                        }
-                    }
-                    t += c_end - c;
-                    c = 0;
-                    tr += 1;
-                }
-            }
-            let case = format!("tiles {tiles_r} x {tiles_c}, {slots} slots");
-            assert!(tile_seen.iter().all(|&n| n == 1), "{case}: tiles");
-            assert!(byte_seen.iter().all(|&n| n == 1), "{case}: scale bytes");
-            assert!(
-                ctas <= slots && tq + usize::from(trm > 0) <= (tiles_r * tiles_c).div_ceil(ctas)
-            );
-        }
     }
 }
