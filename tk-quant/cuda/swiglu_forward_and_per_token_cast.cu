@@ -28,6 +28,7 @@
 //   TK_MINB      tiled path: CTAs per SM for __launch_bounds__ (4: at most 64 registers, 5: 48)
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
+//   TK_SKIPPAD   tiled path: 1: padding rows (pos_to_expert < 0) are not loaded (p.pte set)
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -71,6 +72,9 @@ constexpr float QMAX = 448.0f;
 constexpr int CLAMP = TK_CLAMP;
 static_assert(CLAMP != 4 || TK_IN == 1, "TK_CLAMP 4 clamps bf16 input");
 constexpr bool WEIGHTS = TK_W != 0;  // the routing-weight code is compiled (used if p.ptt)
+#ifndef TK_SKIPPAD
+#define TK_SKIPPAD 0  // tiled path, 1: padding rows are not loaded (see load_tile)
+#endif
 using Words = u32[IN_BYTES * 2];  // the raw words of one 8-column fragment of x
 
 // Per-row routing state: processed (not padding) and the pos_to_token_topk entry (-1: none).
@@ -125,22 +129,84 @@ __device__ __forceinline__ void load_pair(const Params& p, u64 r, u64 c0, Words&
     load_pairs<1>(p, r, c0, reinterpret_cast<Words (&)[1]>(l), reinterpret_cast<Words (&)[1]>(v));
 }
 
+// TK_CLAMP 4: clamps raw bf16 gate and value pairs in place, two elements per HMNMX2: for C
+// exact in bf16, min / max of the bf16 values are the fp32 ones (widening is exact and
+// monotonic, a clamped element becomes C or -C exactly), so this is swiglu_clamp_minmax
+// element for element.
+__device__ __forceinline__ void clamp_raw(const Params& p, Words& lw, Words& vw) {
+    const u32 c2 = tkq::bf16x2_bits(p.clamp, p.clamp), m2 = c2 ^ 0x80008000u;  // (C, C), (-C, -C)
+#pragma unroll
+    for (int i = 0; i < IN_BYTES * 2; ++i) {
+        lw[i] = tkq::bf16x2_min_nan(lw[i], c2);
+        vw[i] = tkq::bf16x2_min_nan(tkq::bf16x2_max_nan(vw[i], m2), c2);
+    }
+}
+
+// bf16 input whose gates reach the division as loaded or clamped on the raw pairs (TK_CLAMP 0
+// or 4), tiled path: the inline division's range check (tkq::fast_div_ok: |l| in [2^-40, 40])
+// runs once per tile on the raw bf16 words (|l| as 16-bit integers, in the order of the
+// values, NaN above inf: one mask per pair, u16x2 minima and maxima over the lane's 16 gates,
+// 4 compares) instead of two fp32 compares per gate and fragment (sm_90a bf16 -> e4m3 layout
+// C: ~38 -> ~28 instructions per tile). Measured with the balanced grid of session 8 (since
+// removed; meas m4, H200): the per-fragment fp32 check was 1.018x slower in the mean (K=6
+// H=3584 N=24240 weights 165.4 vs 160.6 us, clamp 0.5 with pos_to_expert 130.3 vs 126.1 us).
+constexpr bool RAWCHECK = TK_IN == 1 && (CLAMP == 0 || CLAMP == 4);
+
+__device__ __forceinline__ u32 umin16x2(u32 a, u32 b) {
+    u32 r;
+    asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 umax16x2(u32 a, u32 b) {
+    u32 r;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// Whether every gate of the K raw bf16 fragments g passes tkq::fast_div_ok: with |l| as a
+// 16-bit integer b (sign cleared), |l| in [2^-40, 40] iff b in [0x2B80, 0x4220] (non-negative
+// bf16 order as their bits; inf 0x7F80 and NaN above 40, zeros and denormals below 2^-40).
+template <int K>
+__device__ __forceinline__ bool gates_ok_raw(const Words (&g)[K]) {
+    u32 mx = g[0][0] & 0x7FFF7FFFu, mn = mx;  // (2,) u16 maxima and minima of |l|
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int i = (k == 0); i < IN_BYTES * 2; ++i) {
+            const u32 b = g[k][i] & 0x7FFF7FFFu;
+            mx = umax16x2(mx, b);
+            mn = umin16x2(mn, b);
+        }
+    // high halves by the 32-bit compare, low halves shifted up
+    return (mx <= 0x4220FFFFu) & ((mx << 16) <= 0x42200000u) & (mn >= 0x2B800000u) & ((mn << 16) >= 0x2B800000u);
+}
+
+// tkq::swiglu_act8 with the range check done by the caller (ok).
+__device__ __forceinline__ void swiglu_act8_ok(const float (&l)[8], const float (&v)[8], float (&a)[8], bool ok) {
+    float q[8];  // (8,) fl(l / d)
+    if (ok) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = tkq::div_fast(l[j], __fadd_rn(1.0f, expf(-l[j])));
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(l[j], __fadd_rn(1.0f, expf(-l[j])));
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(q[j], v[j]);
+}
+
 // The activation a (8,) of a fragment from its raw gate lw and value vw, times the row weight
 // w with routing weights; counts the clamps of a processed row. A padding row's values are
-// not used (store_out writes its zeros).
-__device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3]) {
+// not used (store_out writes its zeros). RAW: lw and vw already went through clamp_raw
+// (TK_CLAMP 4) and ok is the range check of the gates (gates_ok_raw).
+template <bool RAW>
+__device__ __forceinline__ void activate(const Params& p, bool processed, float w, const Words& lw, const Words& vw, float (&a)[8], u32 (&cnt)[3], bool ok) {
     float l[8], v[8];  // (8,) gate and value
-    if constexpr (CLAMP == 4) {
-        // Two elements per HMNMX2: for C exact in bf16, min / max of the bf16 values are the
-        // fp32 ones (widening is exact and monotonic, a clamped element becomes C or -C
-        // exactly), so this is swiglu_clamp_minmax element for element.
-        const u32 c2 = tkq::bf16x2_bits(p.clamp, p.clamp), m2 = c2 ^ 0x80008000u;  // (C, C), (-C, -C)
-        Words lc, vc;  // clamped raw gate and value pairs
+    if constexpr (CLAMP == 4 && !RAW) {
+        Words lc = {}, vc = {};  // clamped raw gate and value pairs
 #pragma unroll
-        for (int i = 0; i < IN_BYTES * 2; ++i) {
-            lc[i] = tkq::bf16x2_min_nan(lw[i], c2);
-            vc[i] = tkq::bf16x2_min_nan(tkq::bf16x2_max_nan(vw[i], m2), c2);
-        }
+        for (int i = 0; i < IN_BYTES * 2; ++i) lc[i] = lw[i], vc[i] = vw[i];
+        clamp_raw(p, lc, vc);
         tkq::widen8<TK_IN>(lc, l);
         tkq::widen8<TK_IN>(vc, v);
     } else {
@@ -161,7 +227,8 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
             }
         }
     }
-    tkq::swiglu_act8(l, v, a);
+    if constexpr (RAW) swiglu_act8_ok(l, v, a, ok);
+    else tkq::swiglu_act8(l, v, a);
     if (WEIGHTS && p.ptt)
 #pragma unroll
         for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(a[j], w);
@@ -307,17 +374,23 @@ __device__ __forceinline__ void load_lane(const Params& p, u64 r, u64 tc, u32 tl
     }
 }
 
-// Loads the lane's fragments of the team's RPT rows from r0 in column tile tc (rows beyond N:
-// zeros, never stored).
-__device__ __forceinline__ void load_tile(const Params& p, u64 r0, u64 tc, u32 tl, Words (&l)[RPT][FPL], Words (&v)[RPT][FPL]) {
+// Loads the lane's fragments of the team's RPT rows from r0 in column tile tc (routing state
+// ri); a row beyond N gets constant words (it is never stored). TK_SKIPPAD 1: so does a
+// padding row (pos_to_expert < 0, stored as zeros whatever x holds), which saves its x reads
+// (K=2 256/EP8 N=8256: ~3 % of the rows) at the cost of waiting for the row's pos_to_expert
+// entry before the first tile's loads of a row tile; the constant gates are 1.0 so that such
+// rows take the inline division (0.0 gates would take the __fdiv_rn fallback). 0: padding
+// rows are loaded, rows beyond N get zero words.
+constexpr u32 GATE_FILL = !TK_SKIPPAD ? 0u : TK_IN == 0 ? 0x3F800000u : 0x3F803F80u;  // fp32 1.0 / bf16 (1.0, 1.0)
+__device__ __forceinline__ void load_tile(const Params& p, u64 r0, const RowInfo (&ri)[RPT], u64 tc, u32 tl, Words (&l)[RPT][FPL], Words (&v)[RPT][FPL]) {
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
-        if (r0 + i < p.n) load_lane(p, r0 + i, tc, tl, l[i], v[i]);
+        if (TK_SKIPPAD ? ri[i].processed : r0 + i < p.n) load_lane(p, r0 + i, tc, tl, l[i], v[i]);
         else
 #pragma unroll
             for (int f = 0; f < FPL; ++f)
 #pragma unroll
-                for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = v[i][f][j] = 0;
+                for (int j = 0; j < IN_BYTES * 2; ++j) l[i][f][j] = GATE_FILL, v[i][f][j] = 0;
     }
 }
 
@@ -348,7 +421,10 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
     const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
     const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
     u32 cnt[3] = {0, 0, 0};
-    for (u64 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+    // tr and tr TR in u32: x has fewer than 2^32 rows (each row holds at least 512 bytes).
+    // With the raw-word range check, u64 (main's type) spilled 12 bytes in the sm_100a H = 1280
+    // layout C kernels, and a u64 product 8-36 bytes in five others.
+    for (u32 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         const u64 r0 = tr * TR + team * RPT;  // first row of this team
         u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
         RowInfo ri[RPT];                      // rows beyond N: not processed
@@ -362,11 +438,22 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and
             const u64 tc = tc0 + k;  // column tile
             // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
             Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
-            load_tile(p, r0, tc, tl, l, v);
+            load_tile(p, r0, ri, tc, tl, l, v);
             float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
+            bool ok[RPT];          // (RPT,) RAWCHECK: the rows' gates pass the inline division's range
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                ok[i] = true;
+                if constexpr (RAWCHECK) {
+                    if constexpr (CLAMP == 4)
+#pragma unroll
+                        for (int f = 0; f < FPL; ++f) clamp_raw(p, l[i][f], v[i][f]);
+                    ok[i] = gates_ok_raw(l[i]);
+                }
+            }
 #pragma unroll
             for (int s = 0; s < NS; ++s)
-                activate(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt);
+                activate<RAWCHECK>(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt, ok[s / FPL]);
             // The rows' team maxima reduced together (their shuffle chains interleave), then
             // their scales; lane i < RPT stores the scale of row r0 + i.
             float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
@@ -432,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) tk_swiglu_forward_and_p
         for (int i = 0; i < TK_NF; ++i) {
             const u64 f = (u64)i * TK_THREADS + threadIdx.x;
             if (f >= frags) continue;
-            activate(p, ri.processed, w, l[i], v[i], a[i], cnt);
+            activate<false>(p, ri.processed, w, l[i], v[i], a[i], cnt, true);
 #pragma unroll
             for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a[i][j]));
         }

@@ -492,6 +492,16 @@ mod gpu {
         /// `topk_weights` loads, no `· 1.0` per element; measured 1.007x geomean, e4m3 rows
         /// 1.011-1.020x, meas31).
         pub weights: bool,
+        /// `pos_to_expert` given: the tiled path does not load the padding rows' `x`
+        /// (`TK_SKIPPAD`; their output is zeros whatever `x` holds; K=2 256/EP8 N=8256 has ~3 %
+        /// of them). It costs the wait for a row tile's `pos_to_expert` entries before its
+        /// first loads and ~13 SASS instructions per tile at the 48-register cap (sm_90a, bf16
+        /// -> e4m3 layout C: 507 -> 520), so only these kernels get it. Measured (meas m4,
+        /// H200, session 8: the build without the balanced grid, tried and removed): K=6
+        /// H=3584 N=24240 with `pos_to_expert` 113.4 vs 121.3 µs on main (no clamp) and 117.9
+        /// vs 124.4 µs (clamp 0.5), the same shapes without `pos_to_expert` (no skipping)
+        /// 119.4 µs; with the balanced grid, skipping off was 1.037x slower in the mean.
+        pub pte: bool,
         /// Whole-row path: `(threads, fragments per thread)`.
         pub whole_row: Option<(usize, usize)>,
         /// Column tiles of 128 columns per row (`H / 128`; selects the tiled path's run length).
@@ -602,6 +612,7 @@ mod gpu {
                         .define("TK_CT", t.col_tiles)
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
+                        .define("TK_SKIPPAD", self.pte as u8)
                 }
             }
         }
@@ -671,21 +682,31 @@ mod gpu {
     /// with them; the counting clamp for bf16 to e4m3 in layout C.
     pub(crate) fn registered_kernels() -> Vec<KernelSpec> {
         let mut v = Vec::new();
-        let mut push_tiles = |bf16_in, out, sf, clamp, whole_row, weights, tiles| {
-            v.push(
-                FwdKernel {
-                    bf16_in,
-                    out,
-                    sf,
-                    vecio: true,
-                    clamp,
-                    weights,
-                    whole_row,
-                    tiles,
+        let mut push_tiles =
+            |bf16_in, out, sf: Option<_>, clamp, whole_row: Option<_>, weights, tiles| {
+                // With pos_to_expert too: the tiled quantized kernels from bf16 (TK_SKIPPAD).
+                let ptes: &[bool] = if bf16_in && sf.is_some() && whole_row.is_none() {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
+                for &pte in ptes {
+                    v.push(
+                        FwdKernel {
+                            bf16_in,
+                            out,
+                            sf,
+                            vecio: true,
+                            clamp,
+                            weights,
+                            pte,
+                            whole_row,
+                            tiles,
+                        }
+                        .spec(),
+                    )
                 }
-                .spec(),
-            )
-        };
+            };
         // Runs of 5 column tiles (H = 1280): bf16 to e4m3 in layouts A and C.
         for clamp in [0, 1, 3, 4] {
             for sf in [
@@ -871,6 +892,7 @@ mod gpu {
                 in_bytes == 2,
             ),
             weights: inputs.topk.is_some(),
+            pte: inputs.pos_to_expert.is_some(),
             whole_row: if quant.is_some() && npc == h && h > 128 {
                 Some(whole_row_shape(h)?)
             } else {
