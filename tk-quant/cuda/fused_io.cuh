@@ -256,11 +256,9 @@ __device__ __forceinline__ void div8_by(const float (&l)[8], const float (&t)[8]
 // division measured 8 % faster over the SwiGLU forward bench than __fdiv_rn everywhere). The
 // range check runs before either path, so no inline quotients are live across the fallback
 // (the quotients first, recomputed when the check failed: 1.33x the time on the H200, meas31;
-// with the min / max clamp it spilled 20 bytes at 64 registers).
-__device__ __forceinline__ void swiglu_act8(const float (&l)[8], const float (&v)[8], float (&a)[8]) {
-    bool ok = true;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ok &= fast_div_ok(l[j]);
+// with the min / max clamp it spilled 20 bytes at 64 registers). swiglu_act8_checked takes the
+// check's result from the caller (ok: every l[j] passes fast_div_ok); swiglu_act8 runs it.
+__device__ __forceinline__ void swiglu_act8_checked(const float (&l)[8], const float (&v)[8], float (&a)[8], bool ok) {
     float q[8];  // (8,) fl(l / d)
     if (ok) {
 #pragma unroll
@@ -271,6 +269,13 @@ __device__ __forceinline__ void swiglu_act8(const float (&l)[8], const float (&v
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(q[j], v[j]);
+}
+
+__device__ __forceinline__ void swiglu_act8(const float (&l)[8], const float (&v)[8], float (&a)[8]) {
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ok &= fast_div_ok(l[j]);
+    swiglu_act8_checked(l, v, a, ok);
 }
 
 }  // namespace tkq

@@ -181,20 +181,6 @@ __device__ __forceinline__ bool gates_ok_raw(const Words (&g)[K]) {
     return (mx <= 0x4220FFFFu) & ((mx << 16) <= 0x42200000u) & (mn >= 0x2B800000u) & ((mn << 16) >= 0x2B800000u);
 }
 
-// tkq::swiglu_act8 with the range check done by the caller (ok).
-__device__ __forceinline__ void swiglu_act8_ok(const float (&l)[8], const float (&v)[8], float (&a)[8], bool ok) {
-    float q[8];  // (8,) fl(l / d)
-    if (ok) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) q[j] = tkq::div_fast(l[j], __fadd_rn(1.0f, expf(-l[j])));
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(l[j], __fadd_rn(1.0f, expf(-l[j])));
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(q[j], v[j]);
-}
-
 // The activation a (8,) of a fragment from its raw gate lw and value vw, times the row weight
 // w with routing weights; counts the clamps of a processed row. A padding row's values are
 // not used (store_out writes its zeros). RAW: lw and vw already went through clamp_raw
@@ -227,7 +213,7 @@ __device__ __forceinline__ void activate(const Params& p, bool processed, float 
             }
         }
     }
-    if constexpr (RAW) swiglu_act8_ok(l, v, a, ok);
+    if constexpr (RAW) tkq::swiglu_act8_checked(l, v, a, ok);
     else tkq::swiglu_act8(l, v, a);
     if (WEIGHTS && p.ptt)
 #pragma unroll
