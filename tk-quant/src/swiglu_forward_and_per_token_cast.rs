@@ -684,8 +684,8 @@ mod gpu {
         let mut v = Vec::new();
         let mut push_tiles =
             |bf16_in, out, sf: Option<_>, clamp, whole_row: Option<_>, weights, tiles| {
-                // With pos_to_expert too: the tiled quantized kernels from bf16 (TK_SKIPPAD).
-                let ptes: &[bool] = if bf16_in && sf.is_some() && whole_row.is_none() {
+                // With pos_to_expert too: every tiled kernel (TK_SKIPPAD).
+                let ptes: &[bool] = if whole_row.is_none() {
                     &[false, true]
                 } else {
                     &[false]
