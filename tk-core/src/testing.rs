@@ -6,6 +6,8 @@
 //! * `TK_REQUIRE_GPU=1`: a GPU test that cannot find a usable GPU fails instead of skipping.
 //! * `TK_FULL_TEST=1` (or `true`/`True`): the full parameter grid ([`full_test`]).
 //! * `TK_SEED=<u64>`: base seed mixed into every case's seed (default 0).
+//! * `TK_TEST_SHARD=<i>/<n>`: grid tests that honour it run only their cases `i, i + n, ...`
+//!   ([`test_shard`]), so n processes (`0/n` .. `n-1/n`) split a long grid between them.
 
 use crate::device::Device;
 use crate::dtype::Element;
@@ -34,6 +36,45 @@ pub fn full_test() -> bool {
         std::env::var("TK_FULL_TEST").as_deref(),
         Ok("1") | Ok("true") | Ok("True")
     )
+}
+
+/// One process's share of a grid test's cases (`TK_TEST_SHARD=<index>/<count>`): the cases
+/// whose position in the test's list is `index` modulo `count`. Without the variable, every
+/// case (`0/1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This process's share, `0 <= index < count`.
+    pub index: usize,
+    /// The number of shares.
+    pub count: usize,
+}
+
+impl Shard {
+    /// Parses `<index>/<count>` (`count >= 1`, `index < count`).
+    pub fn parse(s: &str) -> Option<Shard> {
+        let (i, n) = s.split_once('/')?;
+        let (index, count) = (i.trim().parse().ok()?, n.trim().parse().ok()?);
+        (count >= 1 && index < count).then_some(Shard { index, count })
+    }
+
+    /// Whether the case at position `i` of the test's list is this share's.
+    pub fn keeps(&self, i: usize) -> bool {
+        i % self.count == self.index
+    }
+}
+
+/// The shard of the grid tests this process runs, from `TK_TEST_SHARD` (default: all cases).
+///
+/// # Panics
+/// When `TK_TEST_SHARD` is set but not `<index>/<count>` with `index < count` (a typo must not
+/// turn into a silently shorter test run).
+pub fn test_shard() -> Shard {
+    match std::env::var("TK_TEST_SHARD") {
+        Err(_) => Shard { index: 0, count: 1 },
+        Ok(s) => Shard::parse(&s).unwrap_or_else(|| {
+            panic!("TK_TEST_SHARD={s:?}: expected <index>/<count>, index < count")
+        }),
+    }
 }
 
 /// True when `TK_REQUIRE_GPU=1`.
@@ -263,5 +304,28 @@ pub fn assert_param(err: TkError, arg: &str, words: &[&str]) {
             }
         }
         e => panic!("expected a Param error naming {arg:?}, got {e:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shard;
+
+    #[test]
+    fn shard_parses_and_partitions_the_cases() {
+        assert_eq!(Shard::parse("1/3"), Some(Shard { index: 1, count: 3 }));
+        assert_eq!(Shard::parse("0/1"), Some(Shard { index: 0, count: 1 }));
+        for bad in ["3/3", "0/0", "1", "a/2", "-1/2", ""] {
+            assert_eq!(Shard::parse(bad), None, "{bad:?}");
+        }
+        // Every case belongs to exactly one of the n shares.
+        for n in 1..5 {
+            for i in 0..20 {
+                let owners = (0..n)
+                    .filter(|&k| Shard { index: k, count: n }.keeps(i))
+                    .count();
+                assert_eq!(owners, 1);
+            }
+        }
     }
 }

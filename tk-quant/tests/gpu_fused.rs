@@ -39,7 +39,9 @@ use std::sync::OnceLock;
 use float8::F8E4M3;
 use half::bf16;
 use tk_core::convert::e4m3_to_f32;
-use tk_core::testing::{assert_bits_eq, full_test, generate_hidden_sizes, gpu_or_skip, Rng};
+use tk_core::testing::{
+    assert_bits_eq, full_test, generate_hidden_sizes, gpu_or_skip, test_shard, Rng,
+};
 use tk_core::{Device, DeviceTensor, HostTensor, Layout};
 use tk_moe::get_fused_mapping::{FusedRows, GetFusedMappingParams};
 use tk_moe::reference::{expand_to_fused, get_fused_mapping, FusedMapping};
@@ -62,9 +64,15 @@ const POISON: u8 = 0xA7;
 /// Tokens per rank of the default MoE sources (the spec's 4001 under TK_FULL_TEST).
 const SMALL_TOKENS: usize = 256;
 
-/// Runs `f` on every case, spread over at most `max_workers` host threads (the CPU references
-/// dominate; the big cases hold gigabytes each).
-fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) {
+/// Runs `f` on this process's share of the cases (`TK_TEST_SHARD`, default all: see
+/// `tk_core::testing::test_shard`), spread over at most `max_workers` host threads (the CPU
+/// references dominate; the big cases hold gigabytes each). Returns the number of cases run.
+fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) -> usize {
+    let shard = test_shard();
+    let mine: Vec<&C> = (0..cases.len())
+        .filter(|&i| shard.keeps(i))
+        .map(|i| &cases[i])
+        .collect();
     let workers = std::thread::available_parallelism()
         .map_or(4, |n| n.get())
         .min(max_workers);
@@ -73,11 +81,12 @@ fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(c) = cases.get(i) else { break };
+                let Some(c) = mine.get(i) else { break };
                 f(c);
             });
         }
     });
+    mine.len()
 }
 
 /// Orders `cases` by decreasing `cost` (stable), so that the largest start first and the
@@ -714,7 +723,7 @@ fn gpu_swiglu_forward_grid() {
         .collect();
     biggest_first(&mut sources, |(m, h)| m.num_topk * h);
     let done = AtomicUsize::new(0);
-    par_cases(&sources, moe_workers(), |(moe, h)| {
+    let ran = par_cases(&sources, moe_workers(), |(moe, h)| {
         let dev = dev.with_new_stream().unwrap();
         let name = format!("swiglu_fwd {} H={h}", moe.name());
         let data = moe_forward_data(&dev, moe, *h, &name);
@@ -749,7 +758,7 @@ fn gpu_swiglu_forward_grid() {
     });
     assert_eq!(
         done.load(Ordering::Relaxed),
-        30 * sources.len(),
+        30 * ran,
         "spec §3.10: 2160 cases per 12 MoE sources"
     );
 }
@@ -1199,7 +1208,7 @@ fn gpu_swiglu_backward_grid() {
     }
     biggest_first(&mut sources, |(m, h, _)| m.num_topk * h);
     let done = AtomicUsize::new(0);
-    par_cases(&sources, moe_workers(), |&(moe, h, npc)| {
+    let ran = par_cases(&sources, moe_workers(), |&(moe, h, npc)| {
         let dev = dev.with_new_stream().unwrap();
         let name = format!("swiglu_bwd {} H={h} npc={npc}", moe.name());
         let data = moe_backward_data(&dev, &moe, h, npc, &name);
@@ -1226,7 +1235,7 @@ fn gpu_swiglu_backward_grid() {
     });
     assert_eq!(
         done.load(Ordering::Relaxed),
-        6 * sources.len(),
+        6 * ran,
         "spec §3.11: 864 cases per 12 MoE sources"
     );
 }
@@ -1499,7 +1508,7 @@ fn gpu_swiglu_per_channel_grid() {
     }
     biggest_first(&mut cases, |(m, h, _)| m * h);
     let done = AtomicUsize::new(0);
-    par_cases(&cases, moe_workers(), |&(m, h, clamp)| {
+    let ran = par_cases(&cases, moe_workers(), |&(m, h, clamp)| {
         done.fetch_add(
             check_swiglu_per_channel(
                 &dev.with_new_stream().unwrap(),
@@ -1513,7 +1522,7 @@ fn gpu_swiglu_per_channel_grid() {
     });
     assert_eq!(
         done.load(Ordering::Relaxed),
-        8 * cases.len(),
+        8 * ran,
         "spec §3.12: 336 cases"
     );
 }
@@ -1655,7 +1664,7 @@ fn gpu_per_channel_cast_fused_grid() {
         .collect();
     biggest_first(&mut cases, |(s, k)| s.map_or(16, |m| m.num_topk) * k);
     let done = AtomicUsize::new(0);
-    par_cases(&cases, moe_workers(), |&(moe, k)| {
+    let ran = par_cases(&cases, moe_workers(), |&(moe, k)| {
         let dev = dev.with_new_stream().unwrap();
         let name = format!(
             "per_channel_cast_fused {} K={k}",
@@ -1680,7 +1689,7 @@ fn gpu_per_channel_cast_fused_grid() {
     });
     assert_eq!(
         done.load(Ordering::Relaxed),
-        4 * cases.len(),
+        4 * ran,
         "spec §3.6: 312 cases"
     );
 }
