@@ -165,30 +165,26 @@ __device__ __forceinline__ ClampFlags swiglu_clamp(float& l, float& v, float c) 
     return f;
 }
 
-// max(a, b) and min(a, b), NaN if either is NaN (max.NaN / min.NaN: one FMNMX.NAN each).
-__device__ __forceinline__ float fmax_nan(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float fmin_nan(float a, float b) {
-    float r;
-    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
+// A two-operand PTX instruction `INSTR d, a, b` as a function NAME(T a, T b) -> T (C: the
+// operands' register constraint).
+#define TKQ_ASM_BINARY(NAME, T, C, INSTR)                                     \
+    __device__ __forceinline__ T NAME(T a, T b) {                            \
+        T r;                                                                 \
+        asm(INSTR " %0, %1, %2;" : "=" C(r) : C(a), C(b));                   \
+        return r;                                                            \
+    }
 
+// max(a, b) and min(a, b), NaN if either is NaN (max.NaN / min.NaN: one FMNMX.NAN each).
+TKQ_ASM_BINARY(fmax_nan, float, "f", "max.NaN.f32")
+TKQ_ASM_BINARY(fmin_nan, float, "f", "min.NaN.f32")
 // Elementwise min / max of two bf16 pairs (even element in the low half), NaN if either is NaN
 // (min.NaN / max.NaN.bf16x2: one HMNMX2 each; -0 < +0 as for fp32).
-__device__ __forceinline__ u32 bf16x2_min_nan(u32 a, u32 b) {
-    u32 r;
-    asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-__device__ __forceinline__ u32 bf16x2_max_nan(u32 a, u32 b) {
-    u32 r;
-    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
+TKQ_ASM_BINARY(bf16x2_min_nan, u32, "r", "min.NaN.bf16x2")
+TKQ_ASM_BINARY(bf16x2_max_nan, u32, "r", "max.NaN.bf16x2")
+// Elementwise min / max of two pairs of unsigned 16-bit integers (one VIMNMX each).
+TKQ_ASM_BINARY(u16x2_min, u32, "r", "min.u16x2")
+TKQ_ASM_BINARY(u16x2_max, u32, "r", "max.u16x2")
+#undef TKQ_ASM_BINARY
 
 // The clamp of §3.10 step 2 without flags, as min.NaN / max.NaN (3 FMNMX.NAN instead of ~5
 // FSETP / SEL per pair): l = min(l, C), v = max(min(v, C), -C). Bit for bit swiglu_clamp<true>

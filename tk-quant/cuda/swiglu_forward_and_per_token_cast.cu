@@ -152,17 +152,6 @@ __device__ __forceinline__ void clamp_raw(const Params& p, Words& lw, Words& vw)
 // H=3584 N=24240 weights 165.4 vs 160.6 us, clamp 0.5 with pos_to_expert 130.3 vs 126.1 us).
 constexpr bool RAWCHECK = TK_IN == 1 && (CLAMP == 0 || CLAMP == 4);
 
-__device__ __forceinline__ u32 umin16x2(u32 a, u32 b) {
-    u32 r;
-    asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-__device__ __forceinline__ u32 umax16x2(u32 a, u32 b) {
-    u32 r;
-    asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-
 // Whether every gate of the K raw bf16 fragments g passes tkq::fast_div_ok: with |l| as a
 // 16-bit integer b (sign cleared), |l| in [2^-40, 40] iff b in [0x2B80, 0x4220] (non-negative
 // bf16 order as their bits; inf 0x7F80 and NaN above 40, zeros and denormals below 2^-40).
@@ -174,8 +163,8 @@ __device__ __forceinline__ bool gates_ok_raw(const Words (&g)[K]) {
 #pragma unroll
         for (int i = (k == 0); i < IN_BYTES * 2; ++i) {
             const u32 b = g[k][i] & 0x7FFF7FFFu;
-            mx = umax16x2(mx, b);
-            mn = umin16x2(mn, b);
+            mx = tkq::u16x2_max(mx, b);
+            mn = tkq::u16x2_min(mn, b);
         }
     // high halves by the 32-bit compare, low halves shifted up
     return (mx <= 0x4220FFFFu) & ((mx << 16) <= 0x42200000u) & (mn >= 0x2B800000u) & ((mn << 16) >= 0x2B800000u);
