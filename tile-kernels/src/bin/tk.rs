@@ -1,16 +1,19 @@
 //! `tk`: the tile-kernels command line.
 //!
-//! * `tk compile-check [--arch sm_90a] [--arch sm_100a] ... [--dump <dir>]` compiles every
-//!   registered kernel specialisation with NVRTC for each architecture (no GPU needed) and
-//!   prints the resource usage of each (registers, spills, stack); exits 1 on any failure. With
-//!   `--dump`, writes each CUBIN and its PTX to `<dir>` (disassemble the CUBINs with
-//!   `cuobjdump --dump-sass` or `nvdisasm` where a CUDA toolkit is installed).
+//! * `tk compile-check [--arch sm_90a] [--arch sm_100a] ... [--dump <dir>] [--only <text>]`
+//!   compiles every registered kernel specialisation with NVRTC for each architecture (no GPU
+//!   needed) and prints the resource usage of each (registers, spills, stack); exits 1 on any
+//!   failure. With `--dump`, writes each CUBIN and its PTX to `<dir>` (disassemble the CUBINs
+//!   with `cuobjdump --dump-sass` or `nvdisasm` where a CUDA toolkit is installed). With
+//!   `--only` (repeatable), compiles only the specialisations whose `family/entry [defines]`
+//!   line contains one of the texts (a kernel author's quick check; CI compiles everything).
 //! * `tk info` prints the NVRTC version, the CUDA include folder, the cache folder and the GPU.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str = "tk compile-check [--arch <sm_XXa>]... [--dump <dir>] | tk info";
+const USAGE: &str =
+    "tk compile-check [--arch <sm_XXa>]... [--dump <dir>] [--only <text>]... | tk info";
 use std::time::Instant;
 
 /// Writes `<stem>.cubin` and, compiled again for the virtual architecture, `<stem>.ptx`.
@@ -33,7 +36,7 @@ fn dump(
     std::fs::write(&ptx_path, &ptx.image).map_err(io(&ptx_path))
 }
 
-fn compile_check(archs: &[String], dump_dir: Option<&Path>) -> ExitCode {
+fn compile_check(archs: &[String], dump_dir: Option<&Path>, only: &[String]) -> ExitCode {
     let version = match tk_core::kernel::nvrtc_version() {
         Ok((a, b)) => format!("{a}.{b}"),
         Err(e) => {
@@ -41,7 +44,13 @@ fn compile_check(archs: &[String], dump_dir: Option<&Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let specs = tile_kernels::registered_kernels();
+    let specs: Vec<_> = tile_kernels::registered_kernels()
+        .into_iter()
+        .filter(|(family, spec)| {
+            let line = format!("{family}/{} [{}]", spec.source().entry, spec.describe());
+            only.is_empty() || only.iter().any(|o| line.contains(o.as_str()))
+        })
+        .collect();
     println!(
         "compile-check: NVRTC {version}, {} specialisations x {} architectures",
         specs.len(),
@@ -127,11 +136,13 @@ fn main() -> ExitCode {
         Some("compile-check") => {
             let mut archs = Vec::new();
             let mut dump_dir = None;
+            let mut only = Vec::new();
             let mut it = args[1..].iter();
             while let Some(a) = it.next() {
                 match (a.as_str(), it.next()) {
                     ("--arch", Some(v)) => archs.push(v.clone()),
                     ("--dump", Some(v)) => dump_dir = Some(PathBuf::from(v)),
+                    ("--only", Some(v)) => only.push(v.clone()),
                     _ => {
                         eprintln!("usage: {USAGE}");
                         return ExitCode::from(2);
@@ -141,7 +152,7 @@ fn main() -> ExitCode {
             if archs.is_empty() {
                 archs = vec!["sm_90a".into(), "sm_100a".into()];
             }
-            compile_check(&archs, dump_dir.as_deref())
+            compile_check(&archs, dump_dir.as_deref(), &only)
         }
         Some("info") => info(),
         _ => {
