@@ -86,6 +86,11 @@ fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) ->
             });
         }
     });
+    eprintln!(
+        "par_cases: ran {} of {} cases (shard {shard:?})",
+        mine.len(),
+        cases.len()
+    );
     mine.len()
 }
 
