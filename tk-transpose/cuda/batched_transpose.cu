@@ -20,26 +20,7 @@
 // step 1 and the 4-byte reads of step 2 are both free of bank conflicts. At most 40 registers
 // where threads limit residency (48 warps per SM, e.g. 6 blocks of 256 threads); more where
 // shared memory limits it first (MIN_BLOCKS).
-//
-// Tuning knobs of the staged path (value 0 = the build before session 9; tk-transpose PERF.md):
-//   TK_BAND_PIPE   1: one cp.async group per band; the store step starts on band c as soon as
-//                     bands 0..c have landed (a barrier per band) instead of after the whole tile.
-//   TK_ST_KEEP     1: the output stores carry an L2 evict_last policy on TK_ST_KEEP_FRAC of the
-//                     lines, so L2 evicts the read-once input before the freshly written output.
 #include "tk/common.cuh"
-
-#ifndef TK_BAND_PIPE
-#define TK_BAND_PIPE 1
-#endif
-#ifndef TK_ST_KEEP
-#define TK_ST_KEEP 1
-#endif
-// Fraction of the output lines (by address) that TK_ST_KEEP marks evict_last: 0.5 leaves L2
-// about half its ways for the input (the 256-byte prefetch halves must live until the next band's
-// block reads them); a PTX float immediate in (0, 1].
-#define TK_ST_KEEP_FRAC 0.5
-#define TK_STR2(x) #x
-#define TK_STR(x) TK_STR2(x)
 
 #ifndef TK_ELEM_BYTES
 #error "TK_ELEM_BYTES must be defined"
@@ -76,7 +57,6 @@ constexpr u32 TILE_BYTES = BANDS * TX * 128;
 constexpr u32 MIN_BLOCKS = 1536 / NT < 233472 / (TILE_BYTES + 1024) ? 1536 / NT : 233472 / (TILE_BYTES + 1024);
 static_assert(TX * E == 32 || TX * E == 64 || TX * E == 128, "tile rows must be 32, 64 or 128 bytes");
 static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
-static_assert(BANDS >= 1 && BANDS <= 4, "wait_groups() counts at most 3 pending bands");
 
 // Swizzle of the 16-byte units of shared row r: unit u is stored at u ^ swz(r). The V rows of
 // an output vector (r / V) share a value; the LX output vectors of a tile get distinct multiples
@@ -111,43 +91,11 @@ __device__ __forceinline__ bool load_hint(bool dense, const elem_t* gmem, u32 be
     return dense || (a <= min(before, 256u) * E && 256 - a <= min(after, 256u) * E);
 }
 
-// L2 policy of the output stores (TK_ST_KEEP; an unused 0 otherwise). The output is written
-// once and never read here, but it is what the next kernel reads, and a dirty line that is still
-// in L2 when the kernel ends is written back after it: evict_last keeps output lines over the
-// input lines, which are dead once their tile (and the 256-byte prefetch partner's tile) has
-// read them. The opposite hint (`__stcs`, evict-first stores, with `__ldcs` loads) was measured
-// 9 % slower on the register path (tuning log).
-__device__ __forceinline__ u64 store_policy() {
-    u64 pol = 0;
-#if TK_ST_KEEP
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, " TK_STR(TK_ST_KEEP_FRAC) ";\n" : "=l"(pol));
-#endif
-    return pol;
-}
-
-// One 16-byte global store, with L2 policy `pol` under TK_ST_KEEP. Spelled out because NVVM
-// splits a plain uint4 store of values it can trace to shared-memory loads into four 4-byte
-// stores (seen for 2- and 4-byte elements). `out` is never read by this kernel, so no memory
-// clobber is needed.
-__device__ __forceinline__ void store16(elem_t* gmem, uint4 v, u64 pol) {
-#if TK_ST_KEEP
-    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z),
-                 "r"(v.w), "l"(pol));
-#else
-    (void)pol;
+// One 16-byte global store. Spelled out because NVVM splits a plain uint4 store of values it
+// can trace to shared-memory loads into four 4-byte stores (seen for 2- and 4-byte elements).
+// `out` is never read by this kernel, so no memory clobber is needed.
+__device__ __forceinline__ void store16(elem_t* gmem, uint4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-#endif
-}
-
-// Waits until at most `n` (< 4) of this thread's most recent cp.async groups are pending (the
-// count must be an immediate; a switch where the band loop is not unrolled).
-__device__ __forceinline__ void wait_groups(u32 n) {
-    switch (n) {
-        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    }
 }
 
 // Output row j (0 <= j < W) of a task from its V words (word i: input row i of the task, W
@@ -186,10 +134,6 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
     const u32 vx = t % LX, wy = t / LX;  // step 2: output vector and word column (0..31) of the task
     const u32 su = (wy / 4) ^ (vx * (8 / LX)), sw = wy % 4;  // step 2: swizzled unit, word in it
     const u32 x0 = blockIdx.x * TX;                         // tile origin along x (< X)
-    const u64 pol = store_policy();                         // L2 policy of the output stores
-    // Band pipeline (TK_BAND_PIPE): with one band there is nothing to overlap, and the single
-    // wait stays a plain `cp.async.wait_all`.
-    constexpr bool PIPE = TK_BAND_PIPE && BANDS > 1;
     // Tiles along y; X - x0 and Y - y0 bound the offsets below, so nothing overflows for any
     // X, Y < 2^32.
     const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
@@ -212,22 +156,15 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
                         copy16_async(&tile[c][r][lu ^ swz(r)], g, load_hint(dense, g, y0 + u, Y - y0 - u));
                     }
                 }
-                if constexpr (PIPE) asm volatile("cp.async.commit_group;\n" ::: "memory");  // group c = band c
             }
-            if constexpr (!PIPE) {
-                asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
-                __syncthreads();                                     // and every other thread's
-            }
+            asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
+            __syncthreads();                                     // and every other thread's
             // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
             // rows of an in-range output vector, and the unit holding an in-range word, are in range.
             // One band's task at a time for 1-byte elements: its 16 words and 16 output words
             // already fill the register budget, and interleaving two bands' tasks spills.
 #pragma unroll(E == 1 ? 1 : BANDS)
             for (u32 c = 0; c < BANDS; ++c) {
-                if constexpr (PIPE) {
-                    wait_groups(BANDS - 1 - c);  // this thread's bands 0..c have landed
-                    __syncthreads();             // and every other thread's
-                }
                 if (vx * V < X - x0 && c * BY + wy * W < Y - y0) {
                     // First element of the task: output row y0 + c * BY + wy * W, column x0 + vx * V.
                     elem_t* q = dst + (u64)(y0 + c * BY + wy * W) * X + x0 + vx * V;
@@ -235,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
 #pragma unroll
                     for (u32 i = 0; i < V; ++i) w[i] = reinterpret_cast<const u32*>(&tile[c][vx * V + i][su])[sw];
 #pragma unroll
-                    for (u32 j = 0; j < W; ++j) store16(q + j * (u64)X, transpose_words(w, j), pol);
+                    for (u32 j = 0; j < W; ++j) store16(q + j * (u64)X, transpose_words(w, j));
                 }
             }
         }

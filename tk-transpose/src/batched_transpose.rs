@@ -21,9 +21,8 @@
 //!
 //! Kernels: when the rows are 16-byte aligned and `X`, `Y` are multiples of `16 / size`, a block
 //! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
-//! memory with 16-byte loads and writes it back with 16-byte stores, each 128-byte band as soon
-//! as it has landed, the output with an L2 evict-last hint (the tile height is picked from the
-//! shape so that small problems still give every SM several blocks); otherwise a
+//! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
+//! from the shape so that small problems still give every SM several blocks); otherwise a
 //! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
 //! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
 //! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
