@@ -259,25 +259,11 @@ __device__ __forceinline__ void store_frag(const Params& p, u64 out, ix c0, cons
 // whether the bf16 multiply flushes subnormal inputs.
 #define E2M1_PACKED (TK_IN == 1 && TK_FMT == 1 && TK_ROUND && TK_MODE == 0)
 
-// Variants of the packed encoder (tkq::e2m1_pack_bf16_pow2_abs: BOUNDED, MFMA, NIBMUL; each
-// bit-identical, see there), one knob each (1: the variant, 0: the previous code). They move
-// work off the ALU pipe, which runs at half the FMA pipe's rate on Hopper: the SASS (sm_90a) of
-// the per-block 32x32 kernel's encode issued ~31 ALU and 12 FMA-pipe instructions per row of 8
-// values. BOUNDED holds wherever the packed encoder runs: the inverse is the block's own
-// power-of-two 2^-e with 2^e >= fl(c / 6) >= amax / 6 (c = max(amax, eps) a bf16 magnitude or
+// The encoder assumes |x * inv| <= 6 for every non-NaN x (it drops the clamp of |y| to 6; see
+// tkq::e2m1_pack_bf16_pow2_abs). That holds wherever it runs here: the inverse is the block's own
+// power of two 2^-e with 2^e >= fl(c / 6) >= amax / 6 (c = max(amax, eps) a bf16 magnitude or
 // eps, so fl(c / 6) never rounds down onto a power of two: bf16 has no significand in
-// (1.5, 1.5 (1 + 2^-22))), hence |x * inv| <= 6 for every non-NaN x of the block (checked on the
-// CPU for every bf16 amax).
-#ifndef TK_E2M1_BOUNDED
-#define TK_E2M1_BOUNDED 1
-#endif
-#ifndef TK_E2M1_MFMA
-#define TK_E2M1_MFMA 1
-#endif
-#ifndef TK_E2M1_NIBMUL
-#define TK_E2M1_NIBMUL 1
-#endif
-#define E2M1_PACK tkq::e2m1_pack_bf16_pow2_abs<TK_E2M1_BOUNDED != 0, TK_E2M1_MFMA != 0, TK_E2M1_NIBMUL != 0>
+// (1.5, 1.5 (1 + 2^-22))), checked on the CPU for every bf16 amax (src/cast.rs tests).
 
 // Casts the fragment raw of row r at columns c0.. with the inverse scales iv[j] and stores it at
 // byte offset out (out_at(p, r, c0); columns < K only): store_frag of values(raw).
@@ -291,7 +277,7 @@ __device__ __forceinline__ void cast_frag(const Params& p, const Raw& raw, ix r,
         pow2_small &= __float_as_uint(iv[2 * j]) <= 0x7B800000u && __float_as_uint(iv[2 * j + 1]) <= 0x7B800000u;  // (0, 2^120]
     }
     if (pow2_small) {
-        store_e2m1(p, out, c0, E2M1_PACK(raw.w, inv2));
+        store_e2m1(p, out, c0, tkq::e2m1_pack_bf16_pow2_abs(raw.w, inv2));
         return;
     }
 #endif
@@ -403,14 +389,6 @@ __device__ __forceinline__ u32 row_amax2(const Raw* raw) {
 // instructions for the tile's 4 loads). H200: per-block casts 3 % faster on average (up to
 // 16 %), per-token 0.8 %.
 #define ROWPTR (TK_VECIO != 0)  // element accesses keep load_frag (per-channel blocks spilled)
-
-// TK_PB_AMAXPK (bf16 input, blocks taller than one row and wider than one column: the per-block
-// tiles): the block maximum over the thread's rows on packed bf16 pairs, unpacked once (see the
-// tile loop). 1: packed, 0: frag_amax per row. Measured neutral alone in session 7 (1.002,
-// against a kernel then bound elsewhere); kept as a knob to measure with the encoder variants.
-#ifndef TK_PB_AMAXPK
-#define TK_PB_AMAXPK 1
-#endif
 
 #if TK_MODE != 2
 // The layout-C word column of this lane's block (SF_WORDS; TK_WB 2: the warp's pair): the lane
@@ -613,13 +591,16 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
             for (int i = 0; i < NR; ++i)
 #pragma unroll
                 for (int b = 0; b < NB; ++b) am[i][b] = 0.0f;
-#if TK_IN == 1 && TK_PB_AMAXPK
+#if TK_IN == 1
             if constexpr (TK_BM > 1 && TK_BK > 1) {
                 // All the thread's rows belong to one block: their |x| maxima stay packed bf16
                 // pairs through the rows (2 three-input VHMNMX per row) and are unpacked once per
                 // tile, instead of frag_amax's unpack and 3 FMNMX per row (ALU: ~6 -> ~2 per row
                 // of 8 values). The same maximum: max.bf16x2 ignores NaN like fmaxf, and an
-                // all-NaN lane pair ends as NaN, which fmaxf(0, .) maps to 0 as before.
+                // all-NaN lane pair ends as NaN, which fmaxf(0, .) maps to 0 as frag_amax did.
+                // H200 (session 9, against frag_amax per row, with the encoder below): bf16 ->
+                // e4m3 8001x7168 32x32 1.0 % faster, bf16 -> e2m1 32x32 0.5 %, 128x128 0.4 %
+                // (6 rows: mean 1.004; session 7 alone, when the kernel was bound elsewhere: 1.002).
                 u32 m = tkq::bf16x2_abs(raw[0].w[0]);  // (2,) packed max |x| over the rows
 #pragma unroll
                 for (int i = 0; i < RPT; ++i)
@@ -741,7 +722,7 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     for (int w = 0; w < RAW_WORDS; ++w) inv2[w] = __byte_perm(ib, ib, 0x7632);
 #pragma unroll
                     for (int i = 0; i < RPT; ++i) {
-                        const u32 q = E2M1_PACK(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
+                        const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
                         if (col_ok && r0 + i < PM) store_e2m1(p, orow, c0, q);
                         orow += out_row_bytes(p);
                     }
