@@ -160,49 +160,69 @@ __device__ __forceinline__ u32 bf16x2_abs(u32 a) {
     return d;
 }
 
+// bf16 pair fma (one rounding, RNE): a * b + c lane-wise; ptxas issues HFMA2.BF16_V2 (FMA pipe).
+__device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // 8 e2m1 codes packed two per byte (element 0 in the low nibble), exactly e2m1_pack of
 // y_j = fl(x_j * inv_j) for bf16 x_j (w[j/2], element 2i in the low half of w[i]) when every
-// inv_j is a power of two or -inf (power-of-two scales: the round_sf inverse of scale_pair; inv2[i]
-// holds the bf16 inv of elements 2i, 2i+1, exact as the low 16 bits of such an fp32 are zero).
-// Then x * inv is exact in bf16 as in fp32 (8 significant bits) except below 2^-126, where both
-// give a magnitude that encodes to 0 with the sign kept, so the whole encoder runs on packed
-// pairs, two values per instruction:
+// inv_j is a power of two (power-of-two scales: the round_sf inverse of scale_pair; inv2[i]
+// holds the bf16 inv of elements 2i, 2i+1, exact as the low 16 bits of such an fp32 are zero)
+// and every y_j is NaN or |y_j| <= 6 (the caller's block inverse: cast.cu). Then x * inv is
+// exact in bf16 as in fp32 (8 significant bits) except below 2^-126, where both give a magnitude
+// that encodes to 0 with the sign kept, so the whole encoder runs on packed pairs, two values
+// per instruction:
 //   c  = min(y, 6)                        NaN -> +6 (min ignores NaN); the sign of the code
-//   A  = min(|c|, 6)                      the clamped magnitude
-//   m  = 2^(e+6) * (1 + 2e * 2^-7)        e = exponent of max(A, 1) (0, 1, 2): the bf16 ulp
+//   A  = |c|                              <= 6 (the precondition: no second clamp)
+//   B  = 2^e                              e = exponent of max(A, 1) (0, 1, 2): B in {1, 2, 4}
+//   m  = B (3 B + 49) + 20                72, 130, 264 by two bf16 FMAs (every intermediate an
+//                                         exact bf16: 52, 55, 61; 52, 110, 244): the bf16 ulp
 //                                         of m is the e2m1 spacing 2^(e-1) at A; m's mantissa
-//                                         field is 2e (even)
+//                                         field (16, 2, 4) is 2e modulo 8 and even
 //   t  = fl(A + m)                        one RNE rounding of A onto the e2m1 grid, ties
 //                                         to even (m's mantissa is even), no binade crossing
-// so t's mantissa field is 2e + round(A / 2^(e-1)) = the e2m1 code of A (at most 7), and the
-// sign bit of c is the sign of the code (y >= 6 and NaN: +; else c = y keeps y's sign, -0
-// included). Checked on the CPU against tk_core's e2m1_from_f32 of the fp32 product for every
-// bf16 x and every inv 2^k, k in [-126, 126], and -inf, also with bf16 operations that flush
-// subnormals to signed zero for inv <= 2^120 (cast.cu's guard); and against the earlier form
-// that let m carry the sign (fl(a + sign(a) m) with a = max(min(y, 6), -6): RNE is symmetric)
-// on all 65536 bf16 products. The codes and signs of 4 values are then gathered with byte
-// permutes (prmt: the sign-replicating mode for the sign bytes). Per pair: mul, min, and, min,
-// max, and, lea, add, add (~6 instructions per value instead of ~12: fp32 product,
-// e2m1_scaled, one e4m3x2 conversion per pair, nibble cuts).
+//                                         (t <= 74, 134, 270)
+// so t's low 3 mantissa bits are 2e + round(A / 2^(e-1)) = the e2m1 code of A (at most 7), and
+// the sign bit of c is the sign of the code (y >= 6 and NaN: +; else c = y keeps y's sign, -0
+// included). The codes and signs of 4 values are gathered with byte permutes in the order
+// (x1, x0, x3, x2) (prmt; the sign-replicating mode for the sign bytes), so q * 0x1001
+// (= q + (q << 12), disjoint bits: no carries) puts x0 | x1 << 4 in byte 1 and x2 | x3 << 4 in
+// byte 3, which the last permute takes. Checked on the CPU (tk-quant src/cast.rs tests) against
+// tk_core's e2m1_from_f32 of the fp32 product for every bf16 x and every inv 2^k, k in
+// [-126, 120], with |x * inv| <= 6 or NaN, also with bf16 operations that flush subnormals to
+// signed zero (cast.cu's guard keeps inv <= 2^120), and the nibble gather against the packed
+// word's definition.
+//
+// Why this form: the ALU pipe (half the FMA pipe's rate on Hopper) bounds the e2m1 tiles. The
+// previous form (second min(|c|, 6); m = e + (e >> 6) + 0x0202 by LEA.HI + VIADD; bytes in
+// element order and q | q >> 4 by LEA.HI) issued 306 ALU and 110 FMA-pipe instructions for a
+// tile's encode (8 rows of 8 values, SASS sm_90a, per-block 32x32); this one 197 / 193 (the
+// FMAs, the IMAD and abs.bf16x2 run on the FMA pipe). H200 (session 9, with the per-block packed
+// maximum): bf16 -> e2m1 8001x7168 per-block 32x32 42.18 -> 41.57 µs, 128x128 42.49 -> 42.19,
+// per-token npc=128 40.96 -> 40.40 (6 rows: 1.001-1.017, mean 1.012).
 __device__ __forceinline__ u32 e2m1_pack_bf16_pow2_abs(const u32 (&w)[4], const u32 (&inv2)[4]) {
     u32 c[4], t[4];  // (4,) bf16 pairs: min(y, 6) (the signs); |rounded| (code in mantissa bits 0..2)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        c[i] = bf16x2_min(bf16x2_mul(w[i], inv2[i]), 0x40C040C0u);            // min(y, 6); NaN -> 6
-        const u32 a = bf16x2_min(bf16x2_abs(c[i]), 0x40C040C0u);              // |a| = min(|c|, 6); c is not NaN
-        const u32 e = bf16x2_max(a, 0x3F803F80u) & 0x7F807F80u;               // exponent of max(|a|, 1)
-        t[i] = bf16x2_add(a, e + (e >> 6) + 0x02020202u);                     // |a| + m (see above)
+        c[i] = bf16x2_min(bf16x2_mul(w[i], inv2[i]), 0x40C040C0u);                          // min(y, 6); NaN -> 6
+        const u32 a = bf16x2_abs(c[i]);                                                      // A = |c| <= 6
+        const u32 e = bf16x2_max(a, 0x3F803F80u) & 0x7F807F80u;                             // B = 2^e: exponent of max(A, 1)
+        const u32 m = bf16x2_fma(e, bf16x2_fma(e, 0x40404040u, 0x42444244u), 0x41A041A0u);  // B (3 B + 49) + 20
+        t[i] = bf16x2_add(a, m);                                                             // A + m (see above)
     }
-    u32 n[2];  // (2,) words with bytes 0 and 2 holding two nibbles each
+    u32 n[2];  // (2,) words with bytes 1 and 3 holding two nibbles each
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        u32 b, s;  // (4,) bytes: low byte of each half of t (code in bits 0..2); sign of each half of c (0 / 0xFF)
-        asm("prmt.b32 %0, %1, %2, 0x6420;" : "=r"(b) : "r"(t[2 * h]), "r"(t[2 * h + 1]));
-        asm("prmt.b32 %0, %1, %2, 0xFDB9;" : "=r"(s) : "r"(c[2 * h]), "r"(c[2 * h + 1]));
+        u32 b, s;  // (4,) bytes of elements 1, 0, 3, 2: low byte of each half of t (code in bits 0..2); sign of each half of c (0 / 0xFF)
+        asm("prmt.b32 %0, %1, %2, 0x4602;" : "=r"(b) : "r"(t[2 * h]), "r"(t[2 * h + 1]));
+        asm("prmt.b32 %0, %1, %2, 0xDF9B;" : "=r"(s) : "r"(c[2 * h]), "r"(c[2 * h + 1]));
         const u32 q = (b & 0x07070707u) | (s & 0x08080808u);  // (4,) nibbles, one per byte
-        n[h] = q | q >> 4;
+        n[h] = q * 0x1001u;
     }
-    return __byte_perm(n[0], n[1], 0x6420);
+    return __byte_perm(n[0], n[1], 0x7531);
 }
 
 // Stores S[mb, kb] (mb < nbm, kb < nbk) of a scale grid in layout LAYOUT (0: A row-major fp32

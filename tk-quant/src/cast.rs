@@ -1012,4 +1012,195 @@ mod tests {
             }
         }
     }
+
+    /// A CPU model of one bf16 lane of `tkq::e2m1_pack_bf16_pow2_abs` (cuda/quant_scale.cuh),
+    /// the packed-pair bf16 arithmetic rounded exactly (RNE, subnormals kept or, with `ftz`,
+    /// flushed to signed zero as a multiply might): the e2m1 nibble (code | sign << 3) of
+    /// `x * inv` for bf16 bits `x` and a power-of-two `inv` = 2^k with |x * inv| <= 6 or NaN
+    /// (the encoder's precondition: it does not clamp |min(y, 6)| again).
+    fn packed_e2m1_lane(x: u16, k: i32, ftz: bool) -> u8 {
+        /// RNE of an f64 onto bf16 (8 significant bits, subnormal spacing 2^-133), +-inf
+        /// above the largest finite bf16; NaN, +-inf and +-0 stay.
+        fn to_bf16(v: f64, ftz: bool) -> f64 {
+            if !v.is_finite() || v == 0.0 {
+                return v;
+            }
+            let a = v.abs();
+            if ftz && a < f64::powi(2.0, -126) {
+                return 0.0f64.copysign(v);
+            }
+            let ex = (a.log2().floor() as i32).max(-126);
+            let ulp = f64::powi(2.0, ex - 7);
+            let r = (a / ulp).round_ties_even() * ulp;
+            let r = if r >= f64::powi(2.0, 128) {
+                f64::INFINITY
+            } else {
+                r
+            };
+            r.copysign(v)
+        }
+        fn val(b: u16) -> f64 {
+            f64::from(f32::from_bits(u32::from(b) << 16))
+        }
+        fn bits(v: f64) -> u16 {
+            // v is a bf16 value (or NaN): its 16 bits (NaN: the canonical 0x7FFF).
+            if v.is_nan() {
+                0x7FFF
+            } else {
+                ((v as f32).to_bits() >> 16) as u16
+            }
+        }
+        // min / max ignoring a NaN operand (PTX min / max.bf16x2).
+        let min = |a: f64, b: f64| {
+            if a.is_nan() {
+                b
+            } else if b.is_nan() {
+                a
+            } else {
+                a.min(b)
+            }
+        };
+        let max = |a: f64, b: f64| {
+            if a.is_nan() {
+                b
+            } else if b.is_nan() {
+                a
+            } else {
+                a.max(b)
+            }
+        };
+        let y = to_bf16(val(x) * f64::powi(2.0, k), ftz); // exact product, one rounding
+        let c = min(y, 6.0); // signs; NaN -> 6
+        let a = c.abs(); // <= 6 by the precondition
+        let b = val(bits(max(a, 1.0)) & 0x7F80); // B = 2^e
+        let u = b * 3.0 + 49.0;
+        let m = b * u + 20.0;
+        assert_eq!(to_bf16(u, false), u, "inner fma exact");
+        assert_eq!(to_bf16(m, false), m, "outer fma exact");
+        // a + m: a >= 0 below 2^-30 cannot move m (ulp >= 0.5); otherwise the f64 sum is exact.
+        let t = if a < f64::powi(2.0, -30) {
+            m
+        } else {
+            to_bf16(a + m, false)
+        };
+        let sign = (bits(c) >> 15) as u8;
+        (bits(t) as u8 & 7) | sign << 3
+    }
+
+    /// The packed bf16 e2m1 encoder's magnitude and sign lane against the reference e2m1 code
+    /// of the fp32 product, for every bf16 `x` and every power-of-two inverse 2^k the kernels
+    /// send it (k in [-126, 120]; larger inverses take the fp32 path), with and without a
+    /// flushing multiply, wherever the kernels use it: products with |x * inv| <= 6 (or NaN),
+    /// which `bounded_products_of_block_inverses` shows holds for every element of a block under
+    /// the block's own inverse.
+    #[test]
+    fn packed_e2m1_encoder_is_exact() {
+        let mut checked = 0u64;
+        for k in -126..=120 {
+            let inv = f32::from_bits(((127 + k) as u32) << 23);
+            for x in 0..=u16::MAX {
+                let xf = f32::from_bits(u32::from(x) << 16);
+                if !(xf.is_nan() || (xf * inv).abs() <= 6.0) {
+                    continue;
+                }
+                let want = tk_core::convert::e2m1_from_f32(xf * inv);
+                for ftz in [false, true] {
+                    assert_eq!(
+                        packed_e2m1_lane(x, k, ftz),
+                        want,
+                        "x {x:#06x} k {k} ftz {ftz}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        // All the (x, k) pairs in the precondition: 8441342 of the 247 * 65536.
+        assert_eq!(checked, 8_441_342);
+    }
+
+    /// The encoder's precondition: for every bf16 block maximum (and the eps clamp), the
+    /// power-of-two inverse of `scale_pair_pow2` (ported: the exponent difference plus the
+    /// mantissa carry) keeps amax * inv <= 6, so every non-NaN element of the block has
+    /// |x * inv| <= 6.
+    #[test]
+    fn bounded_products_of_block_inverses() {
+        let (q, eps) = (6.0f32, f32::from_bits(0x01C0_0000));
+        for a in 0..0x7F80u32 {
+            let amax = f32::from_bits(a << 16);
+            let cb = amax.max(eps).to_bits();
+            let qb = q.to_bits();
+            let e = ((cb + (0x7F_FFFF - (qb & 0x7F_FFFF))) >> 23) as i32 - (qb >> 23) as i32;
+            let inv = f64::powi(2.0, -e);
+            assert!(f64::from(amax) * inv <= 6.0, "amax {amax:e}");
+            assert!(
+                f64::from(amax.max(eps)) * inv > 3.0,
+                "the scale is the least power of two"
+            );
+        }
+    }
+
+    /// The encoder's nibble gather: bytes in the order (x1, x0, x3, x2), `q * 0x1001`, bytes 1
+    /// and 3, gives the packed word of its definition, nibble j = (code bits 0..2 of t's half j)
+    /// | (sign bit 15 of c's half j) << 3, for any t and c words (the other bits arbitrary).
+    #[test]
+    fn packed_e2m1_nibble_gather_packs_codes_and_signs() {
+        fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+            let src = u64::from(a) | u64::from(b) << 32;
+            (0..4).fold(0, |r, i| {
+                let n = sel >> (4 * i) & 0xF;
+                let byte = (src >> (8 * (n & 7)) & 0xFF) as u32;
+                let byte = if n & 8 != 0 {
+                    if byte & 0x80 != 0 {
+                        0xFF
+                    } else {
+                        0
+                    }
+                } else {
+                    byte
+                };
+                r | byte << (8 * i)
+            })
+        }
+        let pack = |t: [u32; 4], c: [u32; 4]| -> u32 {
+            let n: Vec<u32> = (0..2)
+                .map(|h| {
+                    let b = prmt(t[2 * h], t[2 * h + 1], 0x4602);
+                    let s = prmt(c[2 * h], c[2 * h + 1], 0xDF9B);
+                    let q = (b & 0x0707_0707) | (s & 0x0808_0808);
+                    q.wrapping_mul(0x1001)
+                })
+                .collect();
+            prmt(n[0], n[1], 0x7531)
+        };
+        let want = |t: [u32; 4], c: [u32; 4]| -> u32 {
+            (0..8).fold(0, |r, j| {
+                let sh = 16 * (j % 2);
+                let code = t[j / 2] >> sh & 7;
+                let sign = c[j / 2] >> (sh + 15) & 1;
+                r | (code | sign << 3) << (4 * j)
+            })
+        };
+        let mut st = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st as u32
+        };
+        for i in 0..1_000_000 {
+            let t = [rnd(), rnd(), rnd(), rnd()];
+            let c = [rnd(), rnd(), rnd(), rnd()];
+            assert_eq!(pack(t, c), want(t, c), "case {i}");
+        }
+        // Every code and sign in every one of the 8 positions, the others zero.
+        for pos in 0..8 {
+            for v in 0..16u32 {
+                let (mut t, mut c) = ([0u32; 4], [0u32; 4]);
+                t[pos / 2] = (v & 7) << (16 * (pos % 2));
+                c[pos / 2] = (v >> 3) << (15 + 16 * (pos % 2));
+                assert_eq!(pack(t, c), v << (4 * pos));
+                assert_eq!(want(t, c), v << (4 * pos));
+            }
+        }
+    }
 }
