@@ -27,6 +27,22 @@
 #pragma once
 #include "tk/fused_io.cuh"
 
+// Optional orderings of the scale phase (0 unless the op's .cu defines them; bit-identical
+// either way): TK_PC_SF_LATE 1 stores the column scales after the barrier that publishes the
+// inverses (only the inverse between the two barriers); TK_PC_TREE 1 takes the block's column
+// maximum over its WPB warps as a tree instead of a chain.
+#ifndef TK_PC_SF_LATE
+#define TK_PC_SF_LATE 0
+#endif
+#ifndef TK_PC_TREE
+#define TK_PC_TREE 0
+#endif
+// TK_PC_ROWS32 1 (row-major output): the thread's count of rows inside the output from u32
+// row numbers (M < 2^32: M * K bytes of output) instead of a 64-bit compare and subtract.
+#ifndef TK_PC_ROWS32
+#define TK_PC_ROWS32 0
+#endif
+
 using tk::u8;
 using tk::u32;
 using tk::u64;
@@ -157,18 +173,47 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         __syncthreads();
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
+        float a_late = 0.0f;  // TK_PC_SF_LATE: the scale thread's column maximum, for after the barrier
         if (threadIdx.x < NB * TC) {
             const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
             float a = 0.0f;
+            if constexpr (TK_PC_TREE) {
+                // Every partial is fmaxf(+0, ...) of absolute values: +0 .. inf, never NaN, so
+                // the maximum does not depend on the order (and the chain's initial 0 is one).
+                float m[WPB];  // (warps,) the block's warps' partial maxima
 #pragma unroll
-            for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
+                for (int w = 0; w < WPB; ++w) m[w] = red[b * WPB + w][c];
+#pragma unroll
+                for (int s = 1; s < WPB; s <<= 1)
+#pragma unroll
+                    for (int w = 0; w + s < WPB; w += 2 * s) m[w] = fmaxf(m[w], m[w + s]);
+                a = m[0];
+            } else {
+#pragma unroll
+                for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
+            }
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
             inv_s[b][c] = inv;
-            const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
-            if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+            if constexpr (TK_PC_SF_LATE) {
+                a_late = a;
+            } else {
+                const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
+                if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+            }
         }
         __syncthreads();
+        if constexpr (TK_PC_SF_LATE) {
+            // The scale again from the maximum (its unrounded form is a division of its own,
+            // dead before the barrier) and stored, off the path between the two barriers.
+            if (threadIdx.x < NB * TC) {
+                const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
+                float sf, inv;
+                tkq::scale_pair<TK_ROUND != 0>(a_late, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+                const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
+                if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+            }
+        }
         float inv[8];  // (columns,) inverse scales of this thread's block
         {
             const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
@@ -227,7 +272,13 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             // One 64-bit address for row r0, stepped by the row pitch K; the rows < M test as a
             // u32 count (rows of this thread inside the output: 0 .. RPT).
             u8* o = reinterpret_cast<u8*>(p.out) + r0 * p.k + c0;  // (8,) of out row r0
-            const u32 rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;
+            u32 rows;                                              // rows of this thread inside the output
+            if constexpr (TK_PC_ROWS32) {
+                const u32 m32 = (u32)p.m, r32 = (u32)r0;
+                rows = m32 > r32 ? min(m32 - r32, u32{RPT}) : 0u;
+            } else {
+                rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;
+            }
 #pragma unroll
             for (int i = 0; i < RPT; ++i, o += p.k)
                 if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
