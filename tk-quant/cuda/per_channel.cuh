@@ -42,6 +42,10 @@
 #ifndef TK_PC_ROWS32
 #define TK_PC_ROWS32 0
 #endif
+// TK_PC_NOBAR3 1 (row-major output): no barrier at the end of a tile (see there).
+#ifndef TK_PC_NOBAR3
+#define TK_PC_NOBAR3 0
+#endif
 
 using tk::u8;
 using tk::u32;
@@ -284,7 +288,11 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
                 if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
         }
 #endif
-        __syncthreads();  // red (and stage) are reused by the next tile
+        // red (and stage) are reused by the next tile. Without stage (TK_PC_NOBAR3) the
+        // barrier is not needed: the next tile writes red after this tile's second barrier
+        // (its reads of red are before it) and inv_s after its own first barrier (every
+        // thread's reads of this tile's inv_s are before it).
+        if constexpr (!(TK_PC_NOBAR3 && !TK_TRANSPOSE)) __syncthreads();
     }
 }
 

@@ -16,6 +16,11 @@
 //   of depth 3 instead of a chain of 8 dependent max (the same value: see tk/per_channel.cuh).
 // TK_PCF_ROWS32 (-> TK_PC_ROWS32): the stores' count of rows inside the output from u32 row
 //   numbers (sm_90a: 8 SASS per tile fewer, the 64-bit compare and subtract).
+// TK_PCF_HALVES: the codes of bytes 2, 3 converted from the high half of the word
+//   (F2FP.F16.E4M3.UNPACK_B R.H1 on sm_90a) instead of after a shift: 8 SHF per tile fewer.
+// TK_PCF_NOBAR3 (-> TK_PC_NOBAR3): no barrier at the end of the tile. Measured neutral alone
+//   (session 7), but with TK_PCF_SF_LATE the 2 scale warps store the scales after the second
+//   barrier, and the end barrier would hold the other 6 warps until they are done.
 #ifndef TK_PCF_SCKEEP
 #define TK_PCF_SCKEEP 1
 #endif
@@ -31,6 +36,13 @@
 #define TK_PCF_ROWS32 1
 #endif
 #define TK_PC_ROWS32 (TK_PCF_ROWS32 && TK_IN == 2)
+#ifndef TK_PCF_HALVES
+#define TK_PCF_HALVES 1
+#endif
+#ifndef TK_PCF_NOBAR3
+#define TK_PCF_NOBAR3 1
+#endif
+#define TK_PC_NOBAR3 (TK_PCF_NOBAR3 && TK_IN == 2)
 #include "tk/per_channel.cuh"
 
 #ifndef TK_PCF_PITCH32
@@ -46,6 +58,15 @@ __device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
     u64 d;
     asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
     return d;
+}
+
+// The fp32 values of the e4m3 codes in bytes 0, 1 (hi false) or 2, 3 (hi true) of w (exact,
+// as tkq::e4m3x2_value): the pair is the 16-bit half of w (mov.b32 {lo, hi}), not w >> 16.
+__device__ __forceinline__ float2 e4m3x2_half(u32 w, bool hi) {
+    u32 h;  // (2,) f16 values
+    if (hi) asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(h) : "r"(w));
+    else asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(h) : "r"(w));
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
@@ -147,7 +168,8 @@ struct GatherSrc {
             // per conversion, 2026-12-01).
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
-                const float2 f = tkq::e4m3x2_value(raw.w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
+                const float2 f = TK_PCF_HALVES ? e4m3x2_half(raw.w[i][j / 4], j % 4 != 0)
+                                               : tkq::e4m3x2_value(raw.w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
                 y[i][j] = __fmul_rn(f.x, raw.sc[i]);
                 y[i][j + 1] = __fmul_rn(f.y, raw.sc[i]);
             }

@@ -525,3 +525,46 @@ mod gpu {
         Ok((d, s))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// CPU model of the input scales a thread holds with `TK_PCF_SCKEEP`
+    /// (`cuda/per_channel_cast_fused.cu`, `GatherSrc::fetch`): each CTA fetches the tiles of its
+    /// run in order (consecutive column tiles, wrapping to the next row tile); a fetch keeps the
+    /// previous scales when its row tile is that of the previous fetch and its column tile is
+    /// odd, otherwise it loads those of its own (row tile, 128-column block). The scales held
+    /// for every tile must be its own.
+    #[test]
+    fn kept_input_scales_are_the_tiles_own() {
+        for tiles_r in [1usize, 2, 3, 7] {
+            for tiles_c in [1, 2, 3, 4, 6, 10, 56, 112] {
+                for run in [2, 3, 4, 8] {
+                    for b in 0..(tiles_r * tiles_c).div_ceil(run) {
+                        let t0 = b * run;
+                        let (mut tr, mut tc) = (t0 / tiles_c, t0 % tiles_c);
+                        let mut rows_of = None; // the row tile of the cached source rows
+                        let mut held = None; // (row tile, scale column) of the held scales
+                        let mut n = 0;
+                        while tr < tiles_r && n < run {
+                            let new_rows = rows_of != Some(tr);
+                            rows_of = Some(tr);
+                            if new_rows || tc % 2 == 0 {
+                                held = Some((tr, tc / 2));
+                            }
+                            assert_eq!(
+                                held,
+                                Some((tr, tc / 2)),
+                                "tiles {tiles_r}x{tiles_c} run {run} CTA {b}"
+                            );
+                            tc += 1;
+                            if tc == tiles_c {
+                                (tc, tr) = (0, tr + 1);
+                            }
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
