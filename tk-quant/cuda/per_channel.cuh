@@ -42,6 +42,11 @@
 #ifndef TK_PC_ROWS32
 #define TK_PC_ROWS32 0
 #endif
+// TK_PC_SF_SPLIT 1 (with TK_PC_SF_LATE): the scales are stored by other warps than those
+// computing the inverses (the maxima passed through shared memory).
+#ifndef TK_PC_SF_SPLIT
+#define TK_PC_SF_SPLIT 0
+#endif
 // TK_PC_NOBAR3 1 (row-major output): no barrier at the end of a tile (see there).
 #ifndef TK_PC_NOBAR3
 #define TK_PC_NOBAR3 0
@@ -109,6 +114,8 @@ template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
     __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
+    // TK_PC_SF_SPLIT: (scale blocks, columns) column maxima, for the threads storing the scales
+    [[maybe_unused]] __shared__ float amax_s[TK_PC_SF_SPLIT ? NB : 1][TC];
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
 #endif
@@ -200,7 +207,8 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
             inv_s[b][c] = inv;
             if constexpr (TK_PC_SF_LATE) {
-                a_late = a;
+                if constexpr (TK_PC_SF_SPLIT) amax_s[b][c] = a;
+                else a_late = a;
             } else {
                 const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
                 if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
@@ -210,10 +218,16 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         if constexpr (TK_PC_SF_LATE) {
             // The scale again from the maximum (its unrounded form is a division of its own,
             // dead before the barrier) and stored, off the path between the two barriers.
-            if (threadIdx.x < NB * TC) {
-                const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
+            // TK_PC_SF_SPLIT: threads SF0 .. SF0 + NB * TC - 1 (with NPT = 128 warps 2 and 3,
+            // on the two SM sub-partitions that do not hold the warps 0 and 1 computing the
+            // inverses) store the scales, from the maxima in amax_s.
+            constexpr u32 SF0 = TK_PC_SF_SPLIT && NB * TC <= 128 ? 64 : 0;
+            const u32 q = threadIdx.x - SF0;  // (scale block, column) index of a storing thread
+            if (q < NB * TC) {
+                const u32 b = q / TC, c = q % TC;
+                const float am = TK_PC_SF_SPLIT ? amax_s[b][c] : a_late;  // the column maximum
                 float sf, inv;
-                tkq::scale_pair<TK_ROUND != 0>(a_late, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+                tkq::scale_pair<TK_ROUND != 0>(am, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
                 const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
                 if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
             }

@@ -18,6 +18,10 @@
 //   numbers (sm_90a: 8 SASS per tile fewer, the 64-bit compare and subtract).
 // TK_PCF_HALVES: the codes of bytes 2, 3 converted from the high half of the word
 //   (F2FP.F16.E4M3.UNPACK_B R.H1 on sm_90a) instead of after a shift: 8 SHF per tile fewer.
+// TK_PCF_SF_SPLIT (-> TK_PC_SF_SPLIT; with TK_PCF_SF_LATE): warps 2 and 3 store the scales
+//   (maxima through shared memory), not warps 0 and 1, which compute the inverses: warp w runs
+//   on SM sub-partition w % 4, so those ~40 SASS per tile go to the sub-partitions without
+//   the inverses' ~35 instead of adding to them (warps 0, 1: ~410 per tile, the others ~335).
 // TK_PCF_NOBAR3 (-> TK_PC_NOBAR3): no barrier at the end of the tile. Measured neutral alone
 //   (session 7), but with TK_PCF_SF_LATE the 2 scale warps store the scales after the second
 //   barrier, and the end barrier would hold the other 6 warps until they are done.
@@ -39,6 +43,10 @@
 #ifndef TK_PCF_HALVES
 #define TK_PCF_HALVES 1
 #endif
+#ifndef TK_PCF_SF_SPLIT
+#define TK_PCF_SF_SPLIT 1
+#endif
+#define TK_PC_SF_SPLIT (TK_PCF_SF_SPLIT && TK_IN == 2)
 #ifndef TK_PCF_NOBAR3
 #define TK_PCF_NOBAR3 1
 #endif
