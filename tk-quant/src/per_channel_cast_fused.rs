@@ -360,8 +360,13 @@ mod gpu {
     /// consecutive column tiles of one row tile, its source rows (map loads, checks) computed
     /// once for them and (e4m3) the next tile prefetched (`GatherSrc`); 1: one CTA per tile
     /// (2D grid). Runs only for e4m3 input: on the H200 (meas31) runs of 4 made e4m3 + scales
-    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower.
-    const COL_RUN: [usize; 3] = [1, 1, 4];
+    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower. e4m3:
+    /// 8 (session 9, not yet measured; 4 before): half the CTAs, so half the exposed first
+    /// loads (map, then rows) per tile, and with the kept input scales (`TK_PCF_SCKEEP`) the
+    /// same scale loads; plain K=7168 (3584 tiles) fits one wave (448 CTAs for 528 slots)
+    /// instead of 1.7. The persistent chunks of session 8 (~42 tiles per CTA, far apart)
+    /// measured 5-21 % slower; 8 consecutive tiles stay close to their neighbours'.
+    const COL_RUN: [usize; 3] = [1, 1, 8];
 
     /// CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills with runs); 5
     /// (48 registers: 32-40 bytes of spills with runs) measured plain e4m3 2.39x slower.
