@@ -27,13 +27,9 @@
 #pragma once
 #include "tk/fused_io.cuh"
 
-// Optional orderings of the scale phase (0 unless the op's .cu defines them; bit-identical
-// either way): TK_PC_SF_LATE 1 stores the column scales after the barrier that publishes the
-// inverses (only the inverse between the two barriers); TK_PC_TREE 1 takes the block's column
-// maximum over its WPB warps as a tree instead of a chain.
-#ifndef TK_PC_SF_LATE
-#define TK_PC_SF_LATE 0
-#endif
+// Options an op's .cu may set to 1 (0 otherwise; bit-identical either way; per_channel_cast_fused
+// sets them for e4m3 input, where they were measured: tk-quant/PERF.md, session 9).
+// TK_PC_TREE 1: the block's column maximum over its WPB warps as a tree instead of a chain.
 #ifndef TK_PC_TREE
 #define TK_PC_TREE 0
 #endif
@@ -42,14 +38,10 @@
 #ifndef TK_PC_ROWS32
 #define TK_PC_ROWS32 0
 #endif
-// TK_PC_SF_SPLIT 1 (with TK_PC_SF_LATE): the scales are stored by other warps than those
-// computing the inverses (the maxima passed through shared memory).
-#ifndef TK_PC_SF_SPLIT
-#define TK_PC_SF_SPLIT 0
-#endif
-// TK_PC_NOBAR3 1 (row-major output): no barrier at the end of a tile (see there).
-#ifndef TK_PC_NOBAR3
-#define TK_PC_NOBAR3 0
+// TK_PC_NO_END_BARRIER 1 (row-major output): no barrier at the end of a tile (why it is
+// safe: there).
+#ifndef TK_PC_NO_END_BARRIER
+#define TK_PC_NO_END_BARRIER 0
 #endif
 
 using tk::u8;
@@ -114,8 +106,6 @@ template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
     __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
-    // TK_PC_SF_SPLIT: (scale blocks, columns) column maxima, for the threads storing the scales
-    [[maybe_unused]] __shared__ float amax_s[TK_PC_SF_SPLIT ? NB : 1][TC];
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
 #endif
@@ -184,7 +174,6 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         __syncthreads();
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
-        float a_late = 0.0f;  // TK_PC_SF_LATE: the scale thread's column maximum, for after the barrier
         if (threadIdx.x < NB * TC) {
             const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
             float a = 0.0f;
@@ -206,32 +195,10 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
             inv_s[b][c] = inv;
-            if constexpr (TK_PC_SF_LATE) {
-                if constexpr (TK_PC_SF_SPLIT) amax_s[b][c] = a;
-                else a_late = a;
-            } else {
-                const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
-                if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
-            }
+            const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
+            if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
         }
         __syncthreads();
-        if constexpr (TK_PC_SF_LATE) {
-            // The scale again from the maximum (its unrounded form is a division of its own,
-            // dead before the barrier) and stored, off the path between the two barriers.
-            // TK_PC_SF_SPLIT: threads SF0 .. SF0 + NB * TC - 1 (with NPT = 128 warps 2 and 3,
-            // on the two SM sub-partitions that do not hold the warps 0 and 1 computing the
-            // inverses) store the scales, from the maxima in amax_s.
-            constexpr u32 SF0 = TK_PC_SF_SPLIT && NB * TC <= 128 ? 64 : 0;
-            const u32 q = threadIdx.x - SF0;  // (scale block, column) index of a storing thread
-            if (q < NB * TC) {
-                const u32 b = q / TC, c = q % TC;
-                const float am = TK_PC_SF_SPLIT ? amax_s[b][c] : a_late;  // the column maximum
-                float sf, inv;
-                tkq::scale_pair<TK_ROUND != 0>(am, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-                const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
-                if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
-            }
-        }
         float inv[8];  // (columns,) inverse scales of this thread's block
         {
             const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
@@ -302,11 +269,26 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
                 if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
         }
 #endif
-        // red (and stage) are reused by the next tile. Without stage (TK_PC_NOBAR3) the
-        // barrier is not needed: the next tile writes red after this tile's second barrier
-        // (its reads of red are before it) and inv_s after its own first barrier (every
-        // thread's reads of this tile's inv_s are before it).
-        if constexpr (!(TK_PC_NOBAR3 && !TK_TRANSPOSE)) __syncthreads();
+        // red (and stage) are reused by the next tile. The transposed output keeps this barrier
+        // (stage); the row-major one needs none (TK_PC_NO_END_BARRIER). Every thread of the
+        // CTA runs the same tiles (live() and step() depend only on CTA-uniform values) and
+        // there is no barrier under a condition, so barrier k of each thread is the same one.
+        // The two shared arrays, between tile n and tile n + 1:
+        //   red: the scale threads read tile n's before they arrive at tile n's second barrier;
+        //     a warp writes tile n + 1's only after leaving that barrier, which needs every
+        //     thread's arrival (no WAR race); tile n + 1's reads follow its first barrier, so
+        //     after every warp's write (RAW).
+        //   inv_s: every thread reads tile n's (after tile n's second barrier) before it
+        //     arrives at tile n + 1's first barrier; the scale threads write tile n + 1's only
+        //     after leaving that barrier (no WAR race); tile n + 1's reads follow its second
+        //     barrier (RAW).
+        // Nothing else in shared memory (the column scales, codes and prefetched raw words are
+        // global stores, loads and registers); tile n + 2 against n + 1 is the same argument.
+        // A warp done with its stores starts the next tile's widen and maxima instead of
+        // waiting for the slowest warp. H200 (session 9): 0.1-1.6 % faster (mean 1.006) with
+        // the column scales stored after the second barrier (that ordering is not kept), the
+        // one measurement of this form; alone in session 7: 0.9999.
+        if constexpr (!(TK_PC_NO_END_BARRIER && !TK_TRANSPOSE)) __syncthreads();
     }
 }
 

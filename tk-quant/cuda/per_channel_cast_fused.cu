@@ -5,52 +5,17 @@
 //   fused cast back (TK_IN 2, e4m3 with fp32 (N_in, K/128) scales): y = fl(dec8(x[src, c]) * xs[src, c/128])
 // then the per-channel cast of tk/per_channel.cuh (defines TK_NPT = 128, TK_ROUND, TK_VECIO,
 // TK_TRANSPOSE = 0; rows >= M, the tail of a partial last block, are absent from the maxima).
-// Knobs of the e4m3 + fp32 scales path (TK_IN 2; fp32 / bf16 input is unchanged by each):
-// TK_PCF_SCKEEP (GatherSrc::fetch): the odd column tile of a 128-column scale block keeps the
-//   4 input scales fetched for the even one (same rows, same scale column) instead of loading
-//   them again: per such tile 4 LDG and their address arithmetic (~20 SASS per thread) fewer.
-// TK_PCF_SF_LATE (-> TK_PC_SF_LATE of tk/per_channel.cuh): the scale threads store each column
-//   scale after the barrier that publishes the inverses, so only the inverse (one division)
-//   lies between the tile's two barriers while 6 of the 8 warps wait there.
-// TK_PCF_TREE (-> TK_PC_TREE): the scale thread's maximum over the block's 8 warps as a tree
-//   of depth 3 instead of a chain of 8 dependent max (the same value: see tk/per_channel.cuh).
-// TK_PCF_ROWS32 (-> TK_PC_ROWS32): the stores' count of rows inside the output from u32 row
-//   numbers (sm_90a: 8 SASS per tile fewer, the 64-bit compare and subtract).
-// TK_PCF_HALVES: the codes of bytes 2, 3 converted from the high half of the word
-//   (F2FP.F16.E4M3.UNPACK_B R.H1 on sm_90a) instead of after a shift: 8 SHF per tile fewer.
-// TK_PCF_SF_SPLIT (-> TK_PC_SF_SPLIT; with TK_PCF_SF_LATE): warps 2 and 3 store the scales
-//   (maxima through shared memory), not warps 0 and 1, which compute the inverses: warp w runs
-//   on SM sub-partition w % 4, so those ~40 SASS per tile go to the sub-partitions without
-//   the inverses' ~35 instead of adding to them (warps 0, 1: ~410 per tile, the others ~335).
-// TK_PCF_NOBAR3 (-> TK_PC_NOBAR3): no barrier at the end of the tile. Measured neutral alone
-//   (session 7), but with TK_PCF_SF_LATE the 2 scale warps store the scales after the second
-//   barrier, and the end barrier would hold the other 6 warps until they are done.
-#ifndef TK_PCF_SCKEEP
-#define TK_PCF_SCKEEP 1
-#endif
-#ifndef TK_PCF_SF_LATE
-#define TK_PCF_SF_LATE 1
-#endif
-#ifndef TK_PCF_TREE
-#define TK_PCF_TREE 1
-#endif
-#define TK_PC_SF_LATE (TK_PCF_SF_LATE && TK_IN == 2)
-#define TK_PC_TREE (TK_PCF_TREE && TK_IN == 2)
-#ifndef TK_PCF_ROWS32
-#define TK_PCF_ROWS32 1
-#endif
-#define TK_PC_ROWS32 (TK_PCF_ROWS32 && TK_IN == 2)
-#ifndef TK_PCF_HALVES
-#define TK_PCF_HALVES 1
-#endif
-#ifndef TK_PCF_SF_SPLIT
-#define TK_PCF_SF_SPLIT 1
-#endif
-#define TK_PC_SF_SPLIT (TK_PCF_SF_SPLIT && TK_IN == 2)
-#ifndef TK_PCF_NOBAR3
-#define TK_PCF_NOBAR3 1
-#endif
-#define TK_PC_NOBAR3 (TK_PCF_NOBAR3 && TK_IN == 2)
+// e4m3 + fp32 scales input (TK_IN 2) sets three options of tk/per_channel.cuh, measured for
+// it (session 9, H200 A/B, tk-quant/PERF.md; fp32 / bf16 input keeps the header's defaults, not
+// measured with them): TK_PC_TREE (the block's column maximum over its 8 warps as a tree of
+// depth 3 instead of a chain of 8 dependent max; the same value), TK_PC_ROWS32 (the stores'
+// count of rows inside the output from u32 row numbers: sm_90a 8 SASS per tile fewer, the
+// 64-bit compare and subtract) and TK_PC_NO_END_BARRIER (no barrier at the end of the tile; why
+// it is safe: tk/per_channel.cuh). The first two with the high-half decode (e4m3x2_half)
+// measured 0.0-1.8 % faster (mean 1.004); no end barrier 0.1-1.6 % (mean 1.006; see there).
+#define TK_PC_TREE (TK_IN == 2)
+#define TK_PC_ROWS32 (TK_IN == 2)
+#define TK_PC_NO_END_BARRIER (TK_IN == 2)
 #include "tk/per_channel.cuh"
 
 #ifndef TK_PCF_PITCH32
@@ -69,7 +34,9 @@ __device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
 }
 
 // The fp32 values of the e4m3 codes in bytes 0, 1 (hi false) or 2, 3 (hi true) of w (exact,
-// as tkq::e4m3x2_value): the pair is the 16-bit half of w (mov.b32 {lo, hi}), not w >> 16.
+// as tkq::e4m3x2_value): the pair is the 16-bit half of w (mov.b32 {lo, hi}), not w >> 16, so
+// sm_90a converts it in place (F2FP.F16.E4M3.UNPACK_B R.H1): 8 SHF per tile fewer (session 9,
+// measured with TK_PC_TREE and TK_PC_ROWS32: see the top of this file).
 __device__ __forceinline__ float2 e4m3x2_half(u32 w, bool hi) {
     u32 h;  // (2,) f16 values
     if (hi) asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(h) : "r"(w));
@@ -113,13 +80,7 @@ struct GatherSrc {
     __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
         const Row m = (Row)p.m, n_in = (Row)p.n_in;
         // A new row tile (always the first time; every tile without runs, where nothing is kept).
-        const bool new_rows = TK_PC_RUN == 1 || (u32)r0 != rows_of;
-        // TK_PCF_SCKEEP: the scales are those of the previous fetch when it was tile c0 - 64
-        // of the same rows in the same 128-column scale block: in a run, the fetch of an odd
-        // column tile (c0 % 128 = 64 + 8 lx) follows that of the even tile before it unless it
-        // is the CTA's first (new_rows then). Absent rows keep their 1.
-        const bool load_sc = !(TK_PCF_SCKEEP && TK_IN == 2 && PIPE && !new_rows && (c0 & 64) != 0);
-        if (new_rows) {
+        if (TK_PC_RUN == 1 || (u32)r0 != rows_of) {
             rows_of = (u32)r0;
 #pragma unroll
             for (int i = 0; i < pc::RPT; ++i) {
@@ -129,16 +90,6 @@ struct GatherSrc {
                 src[i] = r < m && s >= 0 && (Row)s < n_in ? (u32)s : ABSENT;
             }
         }
-        // Two copies of the row loop (with and without the scales): each stays predicated
-        // (one flag per row) where a per-row test of load_sc made ptxas branch around each row.
-        if (load_sc) load_rows<true>(p, c0, raw);
-        else load_rows<false>(p, c0, raw);
-    }
-
-    // The raw words of the thread's rows (src) at columns c0 .. c0 + 8, and with SC their
-    // input scales (TK_IN 2; raw.sc unchanged without SC).
-    template <bool SC>
-    __device__ __forceinline__ void load_rows(const Params& p, u64 c0, Raw& raw) const {
 #if TK_PCF_PITCH32
         // Column c0 of source row 0 (xb, sb), then one 32x32 -> 64-bit multiply-add per row
         // and address (mad_wide: src * pitch + base); the host sets TK_PCF_PITCH32 only
@@ -154,14 +105,14 @@ struct GatherSrc {
         for (int i = 0; i < pc::RPT; ++i) {
 #pragma unroll
             for (int t = 0; t < B * 2; ++t) raw.w[i][t] = 0;
-            if (SC) raw.sc[i] = 1.0f;
+            raw.sc[i] = 1.0f;
             if (src[i] != ABSENT) {
 #if TK_PCF_PITCH32
                 tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(mad_wide(src[i], pitch, xb)), raw.w[i]);
-                if (TK_IN == 2 && SC) raw.sc[i] = __ldg(reinterpret_cast<const float*>(mad_wide(src[i], spitch, sb)));
+                if (TK_IN == 2) raw.sc[i] = __ldg(reinterpret_cast<const float*>(mad_wide(src[i], spitch, sb)));
 #else
                 tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(p.x) + (u64{src[i]} * p.ldx + c0) * B, raw.w[i]);
-                if (TK_IN == 2 && SC) raw.sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];
+                if (TK_IN == 2) raw.sc[i] = reinterpret_cast<const float*>(p.xs)[u64{src[i]} * p.xs_ld + c0 / 128];
 #endif
             }
         }
@@ -172,12 +123,11 @@ struct GatherSrc {
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
 #if TK_IN == 2
-            // e4m3: two codes per conversion (tkq::e4m3x2_value; H200: 5 % faster than one code
+            // e4m3: two codes per conversion (e4m3x2_half; H200: 5 % faster than one code
             // per conversion, 2026-12-01).
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
-                const float2 f = TK_PCF_HALVES ? e4m3x2_half(raw.w[i][j / 4], j % 4 != 0)
-                                               : tkq::e4m3x2_value(raw.w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
+                const float2 f = e4m3x2_half(raw.w[i][j / 4], j % 4 != 0);  // (2,) decoded values j, j + 1
                 y[i][j] = __fmul_rn(f.x, raw.sc[i]);
                 y[i][j + 1] = __fmul_rn(f.y, raw.sc[i]);
             }

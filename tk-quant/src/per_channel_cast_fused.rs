@@ -360,13 +360,10 @@ mod gpu {
     /// consecutive column tiles of one row tile, its source rows (map loads, checks) computed
     /// once for them and (e4m3) the next tile prefetched (`GatherSrc`); 1: one CTA per tile
     /// (2D grid). Runs only for e4m3 input: on the H200 (meas31) runs of 4 made e4m3 + scales
-    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower. e4m3:
-    /// 8 (session 9, not yet measured; 4 before): half the CTAs, so half the exposed first
-    /// loads (map, then rows) per tile, and with the kept input scales (`TK_PCF_SCKEEP`) the
-    /// same scale loads; plain K=7168 (3584 tiles) fits one wave (448 CTAs for 528 slots)
-    /// instead of 1.7. The persistent chunks of session 8 (~42 tiles per CTA, far apart)
-    /// measured 5-21 % slower; 8 consecutive tiles stay close to their neighbours'.
-    const COL_RUN: [usize; 3] = [1, 1, 8];
+    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower. e4m3
+    /// runs of 8 (session 9: half the CTAs, plain K=7168 in one wave) measured 5-10 % slower
+    /// than runs of 4 (tk-quant/PERF.md).
+    const COL_RUN: [usize; 3] = [1, 1, 4];
 
     /// CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills with runs); 5
     /// (48 registers: 32-40 bytes of spills with runs) measured plain e4m3 2.39x slower.
@@ -528,48 +525,5 @@ mod gpu {
         let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
         per_channel_cast_fused_into(x, pos_to_token, params, &mut d.view_mut(), &mut s)?;
         Ok((d, s))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// CPU model of the input scales a thread holds with `TK_PCF_SCKEEP`
-    /// (`cuda/per_channel_cast_fused.cu`, `GatherSrc::fetch`): each CTA fetches the tiles of its
-    /// run in order (consecutive column tiles, wrapping to the next row tile); a fetch keeps the
-    /// previous scales when its row tile is that of the previous fetch and its column tile is
-    /// odd, otherwise it loads those of its own (row tile, 128-column block). The scales held
-    /// for every tile must be its own.
-    #[test]
-    fn kept_input_scales_are_the_tiles_own() {
-        for tiles_r in [1usize, 2, 3, 7] {
-            for tiles_c in [1, 2, 3, 4, 6, 10, 56, 112] {
-                for run in [2, 3, 4, 8] {
-                    for b in 0..(tiles_r * tiles_c).div_ceil(run) {
-                        let t0 = b * run;
-                        let (mut tr, mut tc) = (t0 / tiles_c, t0 % tiles_c);
-                        let mut rows_of = None; // the row tile of the cached source rows
-                        let mut held = None; // (row tile, scale column) of the held scales
-                        let mut n = 0;
-                        while tr < tiles_r && n < run {
-                            let new_rows = rows_of != Some(tr);
-                            rows_of = Some(tr);
-                            if new_rows || tc % 2 == 0 {
-                                held = Some((tr, tc / 2));
-                            }
-                            assert_eq!(
-                                held,
-                                Some((tr, tc / 2)),
-                                "tiles {tiles_r}x{tiles_c} run {run} CTA {b}"
-                            );
-                            tc += 1;
-                            if tc == tiles_c {
-                                (tc, tr) = (0, tr + 1);
-                            }
-                            n += 1;
-                        }
-                    }
-                }
-            }
-        }
     }
 }
