@@ -27,6 +27,23 @@
 #pragma once
 #include "tk/fused_io.cuh"
 
+// Options an op's .cu may set to 1 (0 otherwise; bit-identical either way; per_channel_cast_fused
+// sets them for e4m3 input, where they were measured: tk-quant/PERF.md, session 9).
+// TK_PC_TREE 1: the block's column maximum over its WPB warps as a tree instead of a chain.
+#ifndef TK_PC_TREE
+#define TK_PC_TREE 0
+#endif
+// TK_PC_ROWS32 1 (row-major output): the thread's count of rows inside the output from u32
+// row numbers (M < 2^32: M * K bytes of output) instead of a 64-bit compare and subtract.
+#ifndef TK_PC_ROWS32
+#define TK_PC_ROWS32 0
+#endif
+// TK_PC_NO_END_BARRIER 1 (row-major output): no barrier at the end of a tile (why it is
+// safe: there).
+#ifndef TK_PC_NO_END_BARRIER
+#define TK_PC_NO_END_BARRIER 0
+#endif
+
 using tk::u8;
 using tk::u32;
 using tk::u64;
@@ -160,8 +177,21 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         if (threadIdx.x < NB * TC) {
             const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
             float a = 0.0f;
+            if constexpr (TK_PC_TREE) {
+                // Every partial is fmaxf(+0, ...) of absolute values: +0 .. inf, never NaN, so
+                // the maximum does not depend on the order (and the chain's initial 0 is one).
+                float m[WPB];  // (warps,) the block's warps' partial maxima
 #pragma unroll
-            for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
+                for (int w = 0; w < WPB; ++w) m[w] = red[b * WPB + w][c];
+#pragma unroll
+                for (int s = 1; s < WPB; s <<= 1)
+#pragma unroll
+                    for (int w = 0; w + s < WPB; w += 2 * s) m[w] = fmaxf(m[w], m[w + s]);
+                a = m[0];
+            } else {
+#pragma unroll
+                for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
+            }
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
             inv_s[b][c] = inv;
@@ -227,13 +257,38 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             // One 64-bit address for row r0, stepped by the row pitch K; the rows < M test as a
             // u32 count (rows of this thread inside the output: 0 .. RPT).
             u8* o = reinterpret_cast<u8*>(p.out) + r0 * p.k + c0;  // (8,) of out row r0
-            const u32 rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;
+            u32 rows;                                              // rows of this thread inside the output
+            if constexpr (TK_PC_ROWS32) {
+                const u32 m32 = (u32)p.m, r32 = (u32)r0;
+                rows = m32 > r32 ? min(m32 - r32, u32{RPT}) : 0u;
+            } else {
+                rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;
+            }
 #pragma unroll
             for (int i = 0; i < RPT; ++i, o += p.k)
                 if ((u32)i < rows) tkq::store_bytes<8, VECIO>(o, q[i]);
         }
 #endif
-        __syncthreads();  // red (and stage) are reused by the next tile
+        // red (and stage) are reused by the next tile. The transposed output keeps this barrier
+        // (stage); the row-major one needs none (TK_PC_NO_END_BARRIER). Every thread of the
+        // CTA runs the same tiles (live() and step() depend only on CTA-uniform values) and
+        // there is no barrier under a condition, so barrier k of each thread is the same one.
+        // The two shared arrays, between tile n and tile n + 1:
+        //   red: the scale threads read tile n's before they arrive at tile n's second barrier;
+        //     a warp writes tile n + 1's only after leaving that barrier, which needs every
+        //     thread's arrival (no WAR race); tile n + 1's reads follow its first barrier, so
+        //     after every warp's write (RAW).
+        //   inv_s: every thread reads tile n's (after tile n's second barrier) before it
+        //     arrives at tile n + 1's first barrier; the scale threads write tile n + 1's only
+        //     after leaving that barrier (no WAR race); tile n + 1's reads follow its second
+        //     barrier (RAW).
+        // Nothing else in shared memory (the column scales, codes and prefetched raw words are
+        // global stores, loads and registers); tile n + 2 against n + 1 is the same argument.
+        // A warp done with its stores starts the next tile's widen and maxima instead of
+        // waiting for the slowest warp. H200 (session 9): 0.1-1.6 % faster (mean 1.006) with
+        // the column scales stored after the second barrier (that ordering is not kept), the
+        // one measurement of this form; alone in session 7: 0.9999.
+        if constexpr (!(TK_PC_NO_END_BARRIER && !TK_TRANSPOSE)) __syncthreads();
     }
 }
 

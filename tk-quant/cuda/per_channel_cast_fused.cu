@@ -5,6 +5,17 @@
 //   fused cast back (TK_IN 2, e4m3 with fp32 (N_in, K/128) scales): y = fl(dec8(x[src, c]) * xs[src, c/128])
 // then the per-channel cast of tk/per_channel.cuh (defines TK_NPT = 128, TK_ROUND, TK_VECIO,
 // TK_TRANSPOSE = 0; rows >= M, the tail of a partial last block, are absent from the maxima).
+// e4m3 + fp32 scales input (TK_IN 2) sets three options of tk/per_channel.cuh, measured for
+// it (session 9, H200 A/B, tk-quant/PERF.md; fp32 / bf16 input keeps the header's defaults, not
+// measured with them): TK_PC_TREE (the block's column maximum over its 8 warps as a tree of
+// depth 3 instead of a chain of 8 dependent max; the same value), TK_PC_ROWS32 (the stores'
+// count of rows inside the output from u32 row numbers: sm_90a 8 SASS per tile fewer, the
+// 64-bit compare and subtract) and TK_PC_NO_END_BARRIER (no barrier at the end of the tile; why
+// it is safe: tk/per_channel.cuh). The first two with the high-half decode (e4m3x2_half)
+// measured 0.0-1.8 % faster (mean 1.004); no end barrier 0.1-1.6 % (mean 1.006; see there).
+#define TK_PC_TREE (TK_IN == 2)
+#define TK_PC_ROWS32 (TK_IN == 2)
+#define TK_PC_NO_END_BARRIER (TK_IN == 2)
 #include "tk/per_channel.cuh"
 
 #ifndef TK_PCF_PITCH32
@@ -20,6 +31,17 @@ __device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
     u64 d;
     asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
     return d;
+}
+
+// The fp32 values of the e4m3 codes in bytes 0, 1 (hi false) or 2, 3 (hi true) of w (exact,
+// as tkq::e4m3x2_value): the pair is the 16-bit half of w (mov.b32 {lo, hi}), not w >> 16, so
+// sm_90a converts it in place (F2FP.F16.E4M3.UNPACK_B R.H1): 8 SHF per tile fewer (session 9,
+// measured with TK_PC_TREE and TK_PC_ROWS32: see the top of this file).
+__device__ __forceinline__ float2 e4m3x2_half(u32 w, bool hi) {
+    u32 h;  // (2,) f16 values
+    if (hi) asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(h) : "r"(w));
+    else asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(h) : "r"(w));
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 // The RPT rows of a thread in three phases: every source index (map loads back to back), every
@@ -101,11 +123,11 @@ struct GatherSrc {
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
 #if TK_IN == 2
-            // e4m3: two codes per conversion (tkq::e4m3x2_value; H200: 5 % faster than one code
+            // e4m3: two codes per conversion (e4m3x2_half; H200: 5 % faster than one code
             // per conversion, 2026-12-01).
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
-                const float2 f = tkq::e4m3x2_value(raw.w[i][j / 4], j % 4);  // (2,) decoded values j, j + 1
+                const float2 f = e4m3x2_half(raw.w[i][j / 4], j % 4 != 0);  // (2,) decoded values j, j + 1
                 y[i][j] = __fmul_rn(f.x, raw.sc[i]);
                 y[i][j + 1] = __fmul_rn(f.y, raw.sc[i]);
             }

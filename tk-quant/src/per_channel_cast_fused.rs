@@ -360,7 +360,9 @@ mod gpu {
     /// consecutive column tiles of one row tile, its source rows (map loads, checks) computed
     /// once for them and (e4m3) the next tile prefetched (`GatherSrc`); 1: one CTA per tile
     /// (2D grid). Runs only for e4m3 input: on the H200 (meas31) runs of 4 made e4m3 + scales
-    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower.
+    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower. e4m3
+    /// runs of 8 (session 9: half the CTAs, plain K=7168 in one wave) measured 5-10 % slower
+    /// than runs of 4 (tk-quant/PERF.md).
     const COL_RUN: [usize; 3] = [1, 1, 4];
 
     /// CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills with runs); 5
