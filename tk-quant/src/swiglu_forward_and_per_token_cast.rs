@@ -467,11 +467,12 @@ mod gpu {
         h: u64,
         nbk: u64,
         ra: u64,
+        nbig: u64,
         clamp: f32,
         eps: f32,
     }
 
-    // SAFETY: `FwdArgs` is `repr(C)` plain old data (18 × u64 then 2 × 4 bytes, no padding),
+    // SAFETY: `FwdArgs` is `repr(C)` plain old data (19 × u64 then 2 × 4 bytes, no padding),
     // laid out exactly as the kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for FwdArgs {}
 
@@ -613,9 +614,32 @@ mod gpu {
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
                         .define("TK_SKIPPAD", self.pte as u8)
+                        .define("TK_TAIL", TAIL_SPLIT as u8)
                 }
             }
         }
+    }
+
+    /// The tiled path's grid: `true`, a 1-D grid of whole waves of run CTAs (a run: `TK_CT`
+    /// column tiles of one row tile) followed by the remaining runs cut into single-tile CTAs
+    /// ([`tiled_grid`], kernel `TK_TAIL` 1); `false`, the 2-D grid (runs × row tiles) where
+    /// every CTA is a run. The CTAs run in near-lockstep waves of `SMs × 5` and a partial last
+    /// wave costs a whole one (meas32: ceil(waves) × ~13.6 µs; K=6 H=3584 N=24240 is 8.04
+    /// waves, 122.8 µs): cut into single tiles it costs `ceil(4 r / slots)` quarter-rounds.
+    /// Expected (not yet measured): K=6 N=24240 ~9 → ~8.25 rounds, K=2 N=8256 3 → 2.75.
+    const TAIL_SPLIT: bool = true;
+
+    /// The tiled path's launch (TK_TAIL 1): `(run CTAs, grid x)` for `runs` runs of `ct` tiles
+    /// (`tiles` per row, `row_tiles` row tiles) and `slots` resident CTAs. The last partial
+    /// wave's `r` runs become single tiles when that takes fewer rounds of single tiles than
+    /// one run round (`ceil(ct r / slots) < ct`, rounded as `ct r <= (ct − 1) slots`); a run
+    /// past the row's end (`tiles % ct != 0`) keeps its `ct` single-tile CTAs, the surplus ones
+    /// returning at once.
+    fn tiled_grid(tiles: usize, ct: usize, row_tiles: usize, slots: usize) -> (usize, usize) {
+        let runs = tiles.div_ceil(ct) * row_tiles;
+        let r = runs % slots.max(1);
+        let cut = if ct * r <= (ct - 1) * slots { r } else { 0 };
+        (runs - cut, runs - cut + ct * cut)
     }
 
     /// CTAs per SM the tiled kernels are compiled for (`__launch_bounds__(256, TK_MINB)`), for
@@ -904,12 +928,30 @@ mod gpu {
             return Ok(());
         }
         let big = i32::MAX as usize;
+        let f = dev.function(&kernel.spec())?;
         let cfg = match kernel.whole_row {
             Some((threads, _)) => LaunchConfig {
                 grid_dim: (n.min(big) as u32, 1, 1),
                 block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             },
+            None if TAIL_SPLIT => {
+                let slots = dev.props().sm_count.max(1) as usize
+                    * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                        .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
+                        as usize;
+                let t = kernel.tiled();
+                let (nbig, grid) =
+                    tiled_grid(h / 128, t.col_tiles, n.div_ceil(t.tile_rows()), slots);
+                a.nbig = nbig as u64;
+                // Fewer than 2^31 CTAs: every tile is at least 16 rows x 128 columns (>= 9 KiB
+                // of x and out).
+                LaunchConfig {
+                    grid_dim: (grid as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                }
+            }
             None => LaunchConfig {
                 grid_dim: (
                     (h / 128).div_ceil(kernel.tiled().col_tiles) as u32,
@@ -920,7 +962,6 @@ mod gpu {
                 shared_mem_bytes: 0,
             },
         };
-        let f = dev.function(&kernel.spec())?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&a);
         // SAFETY: x was validated as (N, 2H) with unit column stride and the row stride passed;
@@ -992,5 +1033,62 @@ mod gpu {
             out,
             clamped_count: counts,
         })
+    }
+
+    /// A CPU model of the kernel's `TK_TAIL` 1 task decoding.
+    #[cfg(test)]
+    mod tail_model {
+        use super::tiled_grid;
+
+        /// The (row tile, column tile) pairs of CTA `b` (the kernel's decoding: run CTAs
+        /// below `nbig`, then single tiles, those past a run's end returning at once).
+        fn cta_tiles(b: usize, nbig: usize, tiles: usize, ct: usize) -> Vec<(usize, usize)> {
+            let runs_x = tiles.div_ceil(ct);
+            let big = b < nbig;
+            let q = if big { b } else { nbig + (b - nbig) / ct };
+            let tc0 = q % runs_x * ct + if big { 0 } else { (b - nbig) % ct };
+            let nt = if big {
+                ct.min(tiles.saturating_sub(tc0))
+            } else {
+                1
+            };
+            (tc0..(tc0 + nt).min(tiles))
+                .map(|tc| (q / runs_x, tc))
+                .collect()
+        }
+
+        #[test]
+        fn tasks_cover_every_tile_once() {
+            for tiles in [1, 5, 9, 10, 16, 28, 56] {
+                for ct in [1, 4, 5] {
+                    for row_tiles in [1, 2, 7, 258, 758] {
+                        for slots in [1, 8, 660] {
+                            let (nbig, grid) = tiled_grid(tiles, ct, row_tiles, slots);
+                            let mut v: Vec<_> = (0..grid)
+                                .flat_map(|b| cta_tiles(b, nbig, tiles, ct))
+                                .collect();
+                            v.sort_unstable();
+                            let all: Vec<_> = (0..row_tiles)
+                                .flat_map(|r| (0..tiles).map(move |c| (r, c)))
+                                .collect();
+                            let case = format!("{tiles} tiles, ct {ct}, {row_tiles} rows, {slots}");
+                            assert_eq!(v, all, "{case}");
+                        }
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn the_partial_wave_is_cut() {
+            // K=6 H=3584 N=24240: 5306 runs = 8 waves of 660 + 26 runs -> 104 single tiles.
+            assert_eq!(tiled_grid(28, 4, 758, 660), (5280, 5384));
+            // K=2 N=8256: 1806 runs = 2 waves + 486 runs (1944 tiles, 2.95 single rounds).
+            assert_eq!(tiled_grid(28, 4, 258, 660), (1320, 3264));
+            // 650 runs left: 4 single-tile rounds would cost a run round; kept as runs.
+            assert_eq!(tiled_grid(4, 4, 1310, 660), (1310, 1310));
+            // One tile per CTA (ct 1): nothing to cut.
+            assert_eq!(tiled_grid(28, 1, 10, 660), (280, 280));
+        }
     }
 }
