@@ -29,6 +29,8 @@
 //   TK_CT        tiled path: consecutive column tiles per CTA (the host launches
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
 //   TK_SKIPPAD   tiled path: 1: padding rows (pos_to_expert < 0) are not loaded (p.pte set)
+//   TK_TAIL      tiled path: 1: a 1-D grid of p.nbig runs then single-tile CTAs (see the
+//                kernel); 0: the 2-D grid (runs x row tiles), every CTA a run
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -52,6 +54,7 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
+    u64 nbig;                // tiled path, TK_TAIL 1: CTAs taking a whole run (the rest one tile)
     float clamp;             // C (TK_CLAMP 1-4)
     float eps;               // amax clamp (sf_clamp_min or the format's)
 };
@@ -279,14 +282,16 @@ __device__ __forceinline__ void flush_counts(const Params& p, u32 (&cnt)[3]) {
 // Tiled path (groups of 128 columns, or a plain output): CTA of 256 threads = teams of
 // TEAM = 16 / FPL lanes; a team covers one 128-column group of RPT rows, each lane FPL
 // adjacent fragments (8 FPL columns) of each row. Tile: TEAMS RPT rows x 128 columns; grid x
-// over runs of CT consecutive column tiles, y over row tiles. A lane loads its rows' routing
-// entries and weights once per row tile (the dependent pos_to_token_topk -> topk_weights
-// chain and the index arithmetic are paid once for CT tiles, not once per tile: with one tile
-// per CTA these per-thread costs were about half the executed instructions); then per column
-// tile it loads all its x fragments (raw words, kept narrow until used), activates them and
-// reduces the rows' team maxima together (the RPT shuffle chains interleave). With FPL 2 a
-// row's per-tile costs (row offsets, log2(TEAM) shuffles, scale, row checks) are shared by 16
-// elements instead of 8, and the second fragment's addresses are the first's plus a constant.
+// over runs of CT consecutive column tiles, y over row tiles (TK_TAIL 0; TK_TAIL 1: a 1-D grid
+// of the same runs in the same order, a small last partial wave's cut into single tiles). A
+// lane loads its rows' routing entries and weights once per row tile (the dependent
+// pos_to_token_topk -> topk_weights chain and the index arithmetic are paid once for CT tiles,
+// not once per tile: with one tile per CTA these per-thread costs were about half the executed
+// instructions); then per column tile it loads all its x fragments (raw words, kept narrow
+// until used), activates them and reduces the rows' team maxima together (the RPT shuffle
+// chains interleave). With FPL 2 a row's per-tile costs (row offsets, log2(TEAM) shuffles,
+// scale, row checks) are shared by 16 elements instead of 8, and the second fragment's
+// addresses are the first's plus a constant.
 // At most 64 registers (TK_MINB 4) give 32 resident warps per SM, 48 (TK_MINB 5) 40.
 // ---------------------------------------------------------------------------------------------
 #ifndef TK_CT
@@ -312,18 +317,34 @@ static_assert(!Q4 || TK_OUT == 0, "TK_Q4 is for fp32 output");
 // choice): a run's 4 scale bytes of a row are one int32 of the storage, collected in a
 // register and stored once after the run (one 4-byte store and its index arithmetic per 4
 // tiles instead of a byte store per tile, whose ~30 instructions every warp issued for its
-// storing lanes).
+// storing lanes). TK_TAIL 1: a single-tile CTA of the tail stores its byte alone.
 constexpr bool PACK_C = TK_PACKC != 0;
 static_assert(!PACK_C || (QUANT && TK_SF_OUT == 2 && TK_CT == 4), "TK_PACKC needs layout C and runs of 4 tiles");
 
+#ifndef TK_TAIL
+#define TK_TAIL 1
+#endif
+
 // Stores the int32 word w of layout C (4 scale bytes, scale column 4 c4 + k in byte k) of row
-// r, and zeros for the alignment rows N..ra when r is the last row (store_scale's padding for
-// these 4 columns; there are no padding columns: nbk = H / 128 is a multiple of 4).
-__device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 c4, u32 w) {
+// r for the run of 4 tiles from tc0 = 4 c4 (word), else the low byte of w, the scale of the
+// single tile tc0 (scale column tc0: byte tc0 % 4 of word c4 = tc0 / 4; the same address, as
+// tc0 % 4 is 0 for a run); and zeros there for the alignment rows N..ra when r is the last row
+// (store_scale's padding for these columns; there are no padding columns: nbk = H / 128 is a
+// multiple of 4).
+__device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 tc0, u32 w, bool word) {
+#if !TK_TAIL  // runs only (word): the store as before TK_TAIL (the form below spilled 36-40 bytes in the counting kernels at TK_TAIL 0)
     u32* s = reinterpret_cast<u32*>(p.sf);  // storage (nbk / 4, ra) int32 (a Ue8m0x4 tensor: 4-byte aligned)
-    s[c4 * p.ra + r] = w;
+    s[tc0 / 4 * p.ra + r] = w;
     if (r + 1 == p.n)
-        for (u64 r2 = p.n; r2 < p.ra; ++r2) s[c4 * p.ra + r2] = 0;
+        for (u64 r2 = p.n; r2 < p.ra; ++r2) s[tc0 / 4 * p.ra + r2] = 0;
+#else
+    u8* s = reinterpret_cast<u8*>(p.sf) + 4 * (tc0 / 4 * p.ra) + tc0 % 4;  // storage (nbk / 4, ra) int32 (4-byte aligned) as bytes, word tc0 / 4 from byte tc0 % 4
+    for (u64 r2 = r; r2 < (r + 1 == p.n ? p.ra : r + 1); ++r2) {
+        const u32 v = r2 == r ? w : 0u;  // the scales, then the alignment rows' zeros
+        if (word) *reinterpret_cast<u32*>(s + 4 * r2) = v;
+        else s[4 * r2] = (u8)v;
+    }
+#endif
 }
 
 // The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
@@ -389,78 +410,113 @@ __device__ __forceinline__ void store_lane(const Params& p, bool processed, u64 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
-    const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
-    const u64 tiles_r = (p.n + TR - 1) / TR, tiles_c = p.h / TC;
-    const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
-    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
-    const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
-    u32 cnt[3] = {0, 0, 0};
+// TK_TAIL 1: the grid's last partial wave is cut into single tiles. With every CTA a run of 4
+// column tiles (the 2-D grid of TK_TAIL 0), the CTAs of a launch run in near-lockstep waves of
+// SMs x 5 and a partial last wave costs a whole one: its few CTAs run alone, latency-bound
+// (meas32: times fit ceil(waves) x ~13.6 us; K=6 H=3584 N=24240: 5306 CTAs = 8.04 waves of
+// 660, the 0.04 costing ~12 us). The host (which knows the SMs and the occupancy) launches
+// p.nbig run CTAs (whole waves, in the 2-D grid's order: runs of a row tile side by side), then
+// the remaining runs' tiles one per CTA (after them in blockIdx order, so the hardware hands
+// them out last): the tail costs ceil(4 r / slots) single-tile rounds (r runs left) instead of
+// one run round. A single-tile CTA stores its layout C scale as a byte (store_scale_word).
+// The host cuts only without pos_to_expert and r <= slots / 16 (tiled_grid: with it the
+// padding tiles finish early, the waves are not lockstep and the cut lost 0.8-2.0 %; larger
+// remainders lost 1.8-2.9 %); otherwise p.nbig is every run. Measured (D2, H200): K=6 H=3584
+// N=24240 (26 runs left of 660) e4m3 layout C 116.91 -> 111.42 us, bf16 131.82 -> 126.30.
+
+// Row tile tr over the column tiles tc0 .. tc0 + nt - 1 (nt <= TK_CT; the tiles of one run).
+// PACK_C: nt 4, a run of 4 tiles from a multiple of 4 (its scales stored as one int32), or nt
+// 1, a single tile (its scale byte stored alone, after the loop as well: a per-tile branch
+// between the two stores cost ~14 SASS instructions per tile, a template with two inlined
+// loops spilled 16 bytes on sm_100a, and a separate flag 4-16 bytes).
+__device__ __forceinline__ void row_tile(const Params& p, u32 tr, u64 tc0, u32 nt, u32 tl, u32 team, u32 (&cnt)[3]) {
     // tr and tr TR in u32: x has fewer than 2^32 rows (each row holds at least 512 bytes).
     // With the raw-word range check, u64 (main's type) spilled 12 bytes in the sm_100a H = 1280
     // layout C kernels, and a u64 product 8-36 bytes in five others.
-    for (u32 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        const u64 r0 = tr * TR + team * RPT;  // first row of this team
-        u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
-        RowInfo ri[RPT];                      // rows beyond N: not processed
+    const u64 r0 = tr * TR + team * RPT;  // first row of this team
+    u32 sf_word = 0;                      // (4,) scale bytes of row r0 + tl (PACK_C)
+    RowInfo ri[RPT];                      // rows beyond N: not processed
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
-        float w[RPT];  // (RPT,) routing weights
+    for (int i = 0; i < RPT; ++i) ri[i] = r0 + i < p.n ? row_info(p, r0 + i) : RowInfo{false, -1};
+    float w[RPT];  // (RPT,) routing weights
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
+    for (int i = 0; i < RPT; ++i) w[i] = row_weight(p, ri[i].slot);
 #pragma unroll 1
-        for (u32 k = 0; k < nt; ++k) {
-            const u64 tc = tc0 + k;  // column tile
-            // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
-            Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
-            load_tile(p, r0, ri, tc, tl, l, v);
-            float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
-            bool ok[RPT];          // (RPT,) RAWCHECK: the rows' gates pass the inline division's range
+    for (u32 k = 0; k < nt; ++k) {
+        const u64 tc = tc0 + k;  // column tile
+        // Slot s = i FPL + f: row r0 + i, the lane's fragment f (load_lane) of the tile.
+        Words l[RPT][FPL], v[RPT][FPL];  // (RPT rows, FPL) raw gate and value fragments, all in flight
+        load_tile(p, r0, ri, tc, tl, l, v);
+        float a[RPT][FPL][8];  // (RPT rows, FPL fragments, 8 columns) activations
+        bool ok[RPT];          // (RPT,) RAWCHECK: the rows' gates pass the inline division's range
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) {
-                ok[i] = true;
-                if constexpr (RAWCHECK) {
-                    if constexpr (CLAMP == 4)
+        for (int i = 0; i < RPT; ++i) {
+            ok[i] = true;
+            if constexpr (RAWCHECK) {
+                if constexpr (CLAMP == 4)
 #pragma unroll
-                        for (int f = 0; f < FPL; ++f) clamp_raw(p, l[i][f], v[i][f]);
-                    ok[i] = gates_ok_raw(l[i]);
-                }
+                    for (int f = 0; f < FPL; ++f) clamp_raw(p, l[i][f], v[i][f]);
+                ok[i] = gates_ok_raw(l[i]);
             }
+        }
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+            activate<RAWCHECK>(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt, ok[s / FPL]);
+        // The rows' team maxima reduced together (their shuffle chains interleave), then
+        // their scales; lane i < RPT stores the scale of row r0 + i.
+        float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
+        if constexpr (QUANT) {
+            float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
 #pragma unroll
             for (int s = 0; s < NS; ++s)
-                activate<RAWCHECK>(p, ri[s / FPL].processed, w[s / FPL], l[s / FPL][s % FPL], v[s / FPL][s % FPL], a[s / FPL][s % FPL], cnt, ok[s / FPL]);
-            // The rows' team maxima reduced together (their shuffle chains interleave), then
-            // their scales; lane i < RPT stores the scale of row r0 + i.
-            float inv[RPT], my_sf = 0.0f;  // (RPT,) inverse scales
 #pragma unroll
-            for (int i = 0; i < RPT; ++i) inv[i] = 0.0f;
-            if constexpr (QUANT) {
-                float am[RPT];  // (RPT,) row maxima over the lane's, then the team's, columns
+                for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
 #pragma unroll
-                for (int i = 0; i < RPT; ++i) am[i] = 0.0f;
+            for (int o = 1; o < TEAM; o <<= 1)
 #pragma unroll
-                for (int s = 0; s < NS; ++s)
+                for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) am[s / FPL] = fmaxf(am[s / FPL], fabsf(a[s / FPL][s % FPL][j]));
-#pragma unroll
-                for (int o = 1; o < TEAM; o <<= 1)
-#pragma unroll
-                    for (int i = 0; i < RPT; ++i) am[i] = fmaxf(am[i], __shfl_xor_sync(0xFFFFFFFFu, am[i], o));
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) {
-                    float sf;
-                    group_scale(p, ri[i].processed, am[i], sf, inv[i]);
-                    if (tl == i) my_sf = sf;
-                }
+            for (int i = 0; i < RPT; ++i) {
+                float sf;
+                group_scale(p, ri[i].processed, am[i], sf, inv[i]);
+                if (tl == i) my_sf = sf;
             }
-#pragma unroll
-            for (int i = 0; i < RPT; ++i)
-                if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
-            if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
-            if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
         }
-        if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0 / 4, sf_word);
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+            if (r0 + i < p.n) store_lane(p, ri[i].processed, r0 + i, tc, tl, a[i], inv[i]);
+        if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
+        if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
     }
+    if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0, sf_word, nt > 1);
+}
+
+extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
+    const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
+    const u64 tiles_c = p.h / TC;
+    u32 cnt[3] = {0, 0, 0};
+#if TK_TAIL
+    // CTA b < nbig: run b (row tile b / runs_x, run b % runs_x); then single tiles: CTA
+    // nbig + s takes tile s % CT of run nbig + s / CT. Fewer than 2^31 CTAs (a u32 grid x).
+    const u32 runs_x = (u32)((tiles_c + TK_CT - 1) / TK_CT);  // runs per row tile
+    const u32 nbig = (u32)p.nbig;
+    const bool big = blockIdx.x < nbig;
+    const u32 q = big ? blockIdx.x : nbig + (blockIdx.x - nbig) / TK_CT;  // run
+    const u64 tc0 = (u64)(q % runs_x) * TK_CT + (big ? 0 : (blockIdx.x - nbig) % TK_CT);  // first tile
+    if (tc0 >= tiles_c) return;  // a single tile past a partial run's end (the whole CTA)
+    const u32 nt = !big ? 1 : PACK_C ? 4 : (u32)(tiles_c - tc0 < TK_CT ? tiles_c - tc0 : TK_CT);
+    row_tile(p, q / runs_x, tc0, nt, tl, team, cnt);
+#else
+    const u64 tiles_r = (p.n + TR - 1) / TR;
+    const u64 tc0 = (u64)blockIdx.x * TK_CT;                        // first column tile
+    const u64 tc1 = tc0 + TK_CT < tiles_c ? tc0 + TK_CT : tiles_c;  // end of the run
+    const u32 nt = PACK_C ? 4 : (u32)(tc1 - tc0);                   // tiles in the run (<= TK_CT)
+    for (u32 tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) row_tile(p, tr, tc0, nt, tl, team, cnt);
+#endif
     flush_counts(p, cnt);
 }
 

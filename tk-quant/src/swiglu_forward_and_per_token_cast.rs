@@ -467,11 +467,12 @@ mod gpu {
         h: u64,
         nbk: u64,
         ra: u64,
+        nbig: u64,
         clamp: f32,
         eps: f32,
     }
 
-    // SAFETY: `FwdArgs` is `repr(C)` plain old data (18 × u64 then 2 × 4 bytes, no padding),
+    // SAFETY: `FwdArgs` is `repr(C)` plain old data (19 × u64 then 2 × 4 bytes, no padding),
     // laid out exactly as the kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for FwdArgs {}
 
@@ -613,9 +614,53 @@ mod gpu {
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
                         .define("TK_SKIPPAD", self.pte as u8)
+                        .define("TK_TAIL", TAIL_SPLIT as u8)
                 }
             }
         }
+    }
+
+    /// The tiled path's grid: `true`, a 1-D grid of whole waves of run CTAs (a run: `TK_CT`
+    /// column tiles of one row tile) followed, where [`tiled_grid`]'s rule allows, by the
+    /// remaining runs cut into single-tile CTAs (kernel `TK_TAIL` 1); `false`, the 2-D grid
+    /// (runs × row tiles) where every CTA is a run. Without `pos_to_expert` the CTAs run in
+    /// near-lockstep waves of `SMs × 5` and a partial last wave costs a whole one (meas32:
+    /// ceil(waves) × ~13.6 µs): K=6 H=3584 N=24240 is 8 waves of 660 runs + 26, whose 104
+    /// single tiles take a quarter-round. Measured (D2, H200, 2 rounds, CUPTI medians, the
+    /// first rule: cut whenever `ceil(4 r / slots) < 4`), knob off → on: K=6 e4m3 npc=128 C
+    /// clamp=None 116.91 → 111.42 µs (+4.9 %), clamp=0.5 119.93 → 116.48 (+3.0 %), weights
+    /// 123.26 → 118.54 (+4.0 %), bf16 clamp=0.5 131.82 → 126.30 (+4.4 %); but 0.8-2.9 % slower
+    /// with `pos_to_expert` and where many runs were left over (see [`tiled_grid`]).
+    const TAIL_SPLIT: bool = true;
+
+    /// The tiled path's launch (TK_TAIL 1): `(run CTAs, grid x)` for `runs` runs of `ct` tiles
+    /// (`tiles` per row, `row_tiles` row tiles) and `slots` resident CTAs; `pte`:
+    /// `pos_to_expert` given (`TK_SKIPPAD`). The last partial wave's `r` runs become single
+    /// tiles only without `pos_to_expert` and when `r <= slots / 16` (K=6 H=3584 N=24240: 26
+    /// of 660, 3.9 %: cut); otherwise every CTA is a run. Why (D2, H200, first rule cutting
+    /// whenever `ceil(ct r / slots) < ct`): with `pos_to_expert` the padding rows' tiles
+    /// finish early and the waves are not lockstep, so the partial wave is not paid in full
+    /// and the cut only adds CTAs (K=6 pte clamp=None 111.22 → 112.11 µs, clamp=0.5 114.50 →
+    /// 116.78: −0.8 / −2.0 %); a large remainder's single tiles take longer than its runs
+    /// (K=2 H=3584 N=8256, 486 runs left: −1.8 / −2.9 %, with `pos_to_expert` −0.8 / −2.8 %;
+    /// K=8 H=2048 N=32128, 56 runs = 8.5 %: −2.2 %, −1.3 % with it; K=8 H=3584, 428 runs:
+    /// −2.9 %, −2.4 % with it). A run past the row's end
+    /// (`tiles % ct != 0`) keeps its `ct` single-tile CTAs, the surplus ones returning at once.
+    fn tiled_grid(
+        tiles: usize,
+        ct: usize,
+        row_tiles: usize,
+        slots: usize,
+        pte: bool,
+    ) -> (usize, usize) {
+        let runs = tiles.div_ceil(ct) * row_tiles;
+        let r = runs % slots.max(1);
+        let cut = if !pte && ct > 1 && 16 * r <= slots {
+            r
+        } else {
+            0
+        };
+        (runs - cut, runs - cut + ct * cut)
     }
 
     /// CTAs per SM the tiled kernels are compiled for (`__launch_bounds__(256, TK_MINB)`), for
@@ -904,12 +949,35 @@ mod gpu {
             return Ok(());
         }
         let big = i32::MAX as usize;
+        let f = dev.function(&kernel.spec())?;
         let cfg = match kernel.whole_row {
             Some((threads, _)) => LaunchConfig {
                 grid_dim: (n.min(big) as u32, 1, 1),
                 block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             },
+            None if TAIL_SPLIT => {
+                let slots = dev.props().sm_count.max(1) as usize
+                    * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                        .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
+                        as usize;
+                let t = kernel.tiled();
+                let (nbig, grid) = tiled_grid(
+                    h / 128,
+                    t.col_tiles,
+                    n.div_ceil(t.tile_rows()),
+                    slots,
+                    kernel.pte,
+                );
+                a.nbig = nbig as u64;
+                // Fewer than 2^31 CTAs: every tile is at least 16 rows x 128 columns (>= 9 KiB
+                // of x and out).
+                LaunchConfig {
+                    grid_dim: (grid as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                }
+            }
             None => LaunchConfig {
                 grid_dim: (
                     (h / 128).div_ceil(kernel.tiled().col_tiles) as u32,
@@ -920,7 +988,6 @@ mod gpu {
                 shared_mem_bytes: 0,
             },
         };
-        let f = dev.function(&kernel.spec())?;
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&a);
         // SAFETY: x was validated as (N, 2H) with unit column stride and the row stride passed;
@@ -992,5 +1059,83 @@ mod gpu {
             out,
             clamped_count: counts,
         })
+    }
+
+    /// A CPU model of the kernel's `TK_TAIL` 1 task decoding.
+    #[cfg(test)]
+    mod tail_model {
+        use super::tiled_grid;
+
+        /// The (row tile, column tile) pairs of CTA `b` (the kernel's decoding: run CTAs
+        /// below `nbig`, then single tiles, those past a run's end returning at once).
+        fn cta_tiles(b: usize, nbig: usize, tiles: usize, ct: usize) -> Vec<(usize, usize)> {
+            let runs_x = tiles.div_ceil(ct);
+            let big = b < nbig;
+            let q = if big { b } else { nbig + (b - nbig) / ct };
+            let tc0 = q % runs_x * ct + if big { 0 } else { (b - nbig) % ct };
+            let nt = if big {
+                ct.min(tiles.saturating_sub(tc0))
+            } else {
+                1
+            };
+            (tc0..(tc0 + nt).min(tiles))
+                .map(|tc| (q / runs_x, tc))
+                .collect()
+        }
+
+        #[test]
+        fn tasks_cover_every_tile_once() {
+            let (mut cuts, mut cuts_partial_run) = (0, 0);
+            for tiles in [1, 5, 9, 10, 16, 28, 56] {
+                for ct in [1, 4, 5] {
+                    for row_tiles in [1, 2, 7, 258, 758] {
+                        for slots in [1, 8, 64, 660] {
+                            for pte in [false, true] {
+                                let (nbig, grid) = tiled_grid(tiles, ct, row_tiles, slots, pte);
+                                if grid > nbig {
+                                    cuts += 1;
+                                    cuts_partial_run += usize::from(tiles % ct != 0);
+                                }
+                                let mut v: Vec<_> = (0..grid)
+                                    .flat_map(|b| cta_tiles(b, nbig, tiles, ct))
+                                    .collect();
+                                v.sort_unstable();
+                                let all: Vec<_> = (0..row_tiles)
+                                    .flat_map(|r| (0..tiles).map(move |c| (r, c)))
+                                    .collect();
+                                let case = format!(
+                                    "{tiles} tiles, ct {ct}, {row_tiles} rows, {slots}, pte {pte}"
+                                );
+                                assert_eq!(v, all, "{case}");
+                            }
+                        }
+                    }
+                }
+            }
+            // The decoding of single tiles is exercised, past a row's end too.
+            assert!(
+                cuts_partial_run > 0 && cuts > cuts_partial_run,
+                "{cuts} {cuts_partial_run}"
+            );
+        }
+
+        #[test]
+        fn only_a_small_remainder_without_pos_to_expert_is_cut() {
+            // K=6 H=3584 N=24240: 5306 runs = 8 waves of 660 + 26 runs (3.9 %) -> 104 single
+            // tiles; with pos_to_expert kept as runs.
+            assert_eq!(tiled_grid(28, 4, 758, 660, false), (5280, 5384));
+            assert_eq!(tiled_grid(28, 4, 758, 660, true), (5306, 5306));
+            // K=2 H=3584 N=8256: 1806 runs = 2 waves + 486 runs: kept as runs.
+            assert_eq!(tiled_grid(28, 4, 258, 660, false), (1806, 1806));
+            // K=8 H=2048 N=32128: 4016 runs = 6 waves + 56 runs (8.5 %): kept as runs.
+            assert_eq!(tiled_grid(16, 4, 1004, 660, false), (4016, 4016));
+            // K=8 H=3584 N=32128: 7028 runs = 10 waves + 428 runs: kept as runs.
+            assert_eq!(tiled_grid(28, 4, 1004, 660, false), (7028, 7028));
+            // The bound: 41 runs of 660 slots are cut (16 x 41 = 656), 42 are not.
+            assert_eq!(tiled_grid(4, 4, 701, 660, false), (660, 824));
+            assert_eq!(tiled_grid(4, 4, 702, 660, false), (702, 702));
+            // One tile per CTA (ct 1): nothing to cut.
+            assert_eq!(tiled_grid(28, 1, 24, 660, false), (672, 672));
+        }
     }
 }
