@@ -154,14 +154,6 @@ mod gpu {
     /// CTAs per SM for the launch bounds: 64 registers.
     const MIN_BLOCKS: usize = 4;
 
-    /// Whether a clamp `C > 0` that is a bf16 value is applied to the raw bf16 gate and value
-    /// words (`has_clamp` 3: two elements per `min` / `max.NaN.bf16x2`, 1.5 HMNMX2 per element
-    /// instead of 3 FMNMX.NAN; the same clamped values, see the kernel) rather than in fp32
-    /// after the widening (`false`: mode 2 for every `C > 0`). 48 fewer ALU instructions per
-    /// thread and 128x64 tile (~1190), the clamp rows' extra cost being most of the gap to the
-    /// unclamped ones (meas32: 8064x7168 transposed 87.8 vs 83.0 µs).
-    const BF16_CLAMP: bool = true;
-
     /// This op's kernel specialisation (`vecio`: 16-byte accesses).
     fn spec(npt: usize, round_sf: bool, transpose: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(
@@ -188,7 +180,13 @@ mod gpu {
         v
     }
 
-    /// Whether `c` is exactly a bf16 value (its fp32 bits end in 16 zeros).
+    /// Whether `c` is exactly a bf16 value (its fp32 bits end in 16 zeros): then a clamp
+    /// `C > 0` is applied to the raw bf16 gate and value words (`has_clamp` 3: two elements per
+    /// `min` / `max.NaN.bf16x2`, 1.5 HMNMX2 per element instead of 3 FMNMX.NAN; the same
+    /// clamped values, see the kernel) rather than in fp32 after the widening (mode 2). 48
+    /// fewer ALU instructions per thread and 128x64 tile (~1190); H200 A/B (session 9, D2,
+    /// against mode 2): the clamp=0.5 rows 1.7-3.7 % faster (8064x7168 npt=128 transposed
+    /// 85.70 -> 82.62 µs), the unclamped rows unchanged.
     fn is_bf16_value(c: f32) -> bool {
         c.to_bits() & 0xFFFF == 0
     }
@@ -210,9 +208,9 @@ mod gpu {
         if let Some(c) = params.swiglu_clamp_value {
             // 2: a clamp C > 0 as 3 NaN-propagating min / max per pair (`tkq::swiglu_clamp_minmax`, exact
             // for C > 0) instead of 3 compares and 3 selects (1); 3: the same on the raw bf16 words
-            // when C is a bf16 value (BF16_CLAMP).
+            // when C is a bf16 value.
             let mode = match c {
-                c if c > 0.0 && BF16_CLAMP && is_bf16_value(c) => 3,
+                c if c > 0.0 && is_bf16_value(c) => 3,
                 c if c > 0.0 => 2,
                 _ => 1,
             };
