@@ -204,6 +204,33 @@ __device__ __forceinline__ float swiglu_act(float l, float v) {
     return __fmul_rn(__fdiv_rn(l, __fadd_rn(1.0f, expf(-l))), v);
 }
 
+// fl(1 + expf(x)) for x in [-40, 40], bit for bit __fadd_rn(1.0f, expf(x)) with CUDA's
+// (non-fast-math) expf, whose sequence (CUDA 12 / 13 headers, as NVRTC inlines it) is
+// reproduced operation for operation: t = sat(fma(x, 0x3BBB989D, 0.5)); j = fma.rm(t, 252,
+// 0x4B400001); f = fma(x, 0x32A57060, fma(x, log2(e) 0x3FB8AA3B, -(j + 0xCB40007F)));
+// expf = fl(ex2.approx.ftz(f) * s) with s = 2^n the float of bits j << 23. For |x| <= 40,
+// n is in [-124, 125] (in fact about +-58) and |f| < 2, so e = ex2(f) is normal in [1/4, 4] and
+// s * e (a power of two times a normal float, within the normal range) is exact:
+// fl(1 + fl(s * e)) = fma(e, s, 1).
+// The CPU model test `one_plus_expf_model` (src/swiglu_forward_and_per_channel_cast_and_transpose.rs)
+// checks n and f over every bf16 and a dense fp32 sweep of [-40, 40].
+// Used where the divisions run inline (every gate in fast_div_ok's range): one FFMA instead of
+// FMUL + FADD, 32 fewer FMA-pipe instructions per 32 gates. H200 A/B (session 9, D2, against
+// __fadd_rn(1.0f, expf(-l))): swiglu_forward_and_per_channel_cast_and_transpose 8064x7168
+// +1.0-1.8 % (e.g. npt=128 transposed round clamp=0.5 83.88 -> 82.42 µs), the per-token
+// forward neutral (within 0.4 %; session 7 had measured it 1.000x there alone).
+__device__ __forceinline__ float one_plus_expf(float x) {
+    const float t = __saturatef(__fmaf_rn(x, __uint_as_float(0x3BBB989Du), 0.5f));
+    const float j = __fmaf_rd(t, __uint_as_float(0x437C0000u), __uint_as_float(0x4B400001u));  // 252, 2^23 + 2^22 + 1
+    float f = __fadd_rn(j, __uint_as_float(0xCB40007Fu));
+    f = __fmaf_rn(x, __uint_as_float(0x3FB8AA3Bu), -f);
+    f = __fmaf_rn(x, __uint_as_float(0x32A57060u), f);
+    const float s = __uint_as_float(__float_as_uint(j) << 23);  // 2^n
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(f));  // MUFU.EX2
+    return __fmaf_rn(e, s, 1.0f);
+}
+
 // fl(l / d) for d in [1, 2^58] and |l| in [2^-40, 40]: exactly the instruction sequence CUDA's
 // IEEE division (__fdiv_rn) runs when its range check (FCHK) passes: approximate reciprocal
 // (MUFU.RCP), one Newton step, the quotient and one residual correction, all single FMAs. In
@@ -258,7 +285,7 @@ __device__ __forceinline__ void swiglu_act8_checked(const float (&l)[8], const f
     float q[8];  // (8,) fl(l / d)
     if (ok) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) q[j] = div_fast(l[j], __fadd_rn(1.0f, expf(-l[j])));
+        for (int j = 0; j < 8; ++j) q[j] = div_fast(l[j], one_plus_expf(-l[j]));
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(l[j], __fadd_rn(1.0f, expf(-l[j])));

@@ -60,7 +60,8 @@ struct Params {
     u64 sf;            // fp32 (ceil(M/NPT), K), contiguous
     u64 m, k;          // output rows and columns
     u64 h;             // SwiGLU: offset of the value half (= K)
-    u32 has_clamp;     // SwiGLU: 0 no clamp, 1 compares and selects, 2 min / max (C > 0)
+    u32 has_clamp;     // SwiGLU: 0 no clamp, 1 compares and selects, 2 min / max (C > 0),
+                       // 3 min / max on the raw bf16 words (C > 0 a bf16 value)
     float clamp;
     u32 step_r, step_c;  // the grid's CTA count nb as (row, column) tiles: nb = step_r * K/64 + step_c
 };

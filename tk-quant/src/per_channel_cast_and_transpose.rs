@@ -157,6 +157,8 @@ mod gpu {
         pub m: u64,
         pub k: u64,
         pub h: u64,
+        /// SwiGLU clamp mode: 0 none, 1 compares and selects, 2 min / max in fp32 (`C > 0`),
+        /// 3 min / max on the raw bf16 words (`C > 0` a bf16 value).
         pub has_clamp: u32,
         pub clamp: f32,
         /// The launch's CTA count in tiles: `step_r` rows of `K/64` column tiles plus `step_c`
