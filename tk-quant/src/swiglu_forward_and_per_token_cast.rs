@@ -507,6 +507,9 @@ mod gpu {
         pub whole_row: Option<(usize, usize)>,
         /// Column tiles of 128 columns per row (`H / 128`; selects the tiled path's run length).
         pub tiles: usize,
+        /// Tiled path: the grid's partial last wave cut into single-tile CTAs (`TK_TAIL` 1, a
+        /// 1-D grid, chosen per launch by [`tiled_grid`]); `false`, the 2-D grid of runs.
+        pub tail: bool,
     }
 
     /// The tiled path's shape: rows per team (`TK_RPT`), fragments per lane (`TK_FPL`) and
@@ -614,26 +617,24 @@ mod gpu {
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
                         .define("TK_SKIPPAD", self.pte as u8)
-                        .define("TK_TAIL", TAIL_SPLIT as u8)
+                        .define("TK_TAIL", self.tail as u8)
                 }
             }
         }
     }
 
-    /// The tiled path's grid: `true`, a 1-D grid of whole waves of run CTAs (a run: `TK_CT`
-    /// column tiles of one row tile) followed, where [`tiled_grid`]'s rule allows, by the
-    /// remaining runs cut into single-tile CTAs (kernel `TK_TAIL` 1); `false`, the 2-D grid
-    /// (runs × row tiles) where every CTA is a run. Without `pos_to_expert` the CTAs run in
-    /// near-lockstep waves of `SMs × 5` and a partial last wave costs a whole one (meas32:
-    /// ceil(waves) × ~13.6 µs): K=6 H=3584 N=24240 is 8 waves of 660 runs + 26, whose 104
-    /// single tiles take a quarter-round. Measured (D2, H200, 2 rounds, CUPTI medians, the
-    /// first rule: cut whenever `ceil(4 r / slots) < 4`), knob off → on: K=6 e4m3 npc=128 C
-    /// clamp=None 116.91 → 111.42 µs (+4.9 %), clamp=0.5 119.93 → 116.48 (+3.0 %), weights
-    /// 123.26 → 118.54 (+4.0 %), bf16 clamp=0.5 131.82 → 126.30 (+4.4 %); but 0.8-2.9 % slower
-    /// with `pos_to_expert` and where many runs were left over (see [`tiled_grid`]).
-    const TAIL_SPLIT: bool = true;
-
-    /// The tiled path's launch (TK_TAIL 1): `(run CTAs, grid x)` for `runs` runs of `ct` tiles
+    /// The tiled path's grid. Without `pos_to_expert` the run CTAs (a run: `TK_CT` column
+    /// tiles of one row tile) go in near-lockstep waves of `SMs × 5` and a partial last wave
+    /// costs a whole one (meas32: ceil(waves) × ~13.6 µs): K=6 H=3584 N=24240 is 8 waves of 660
+    /// runs + 26, whose 104 single tiles take a quarter-round. Where the rule below cuts, the
+    /// launch is a 1-D grid of the whole waves' runs followed by the cut runs' single tiles
+    /// (`TK_TAIL` 1); elsewhere the 2-D grid (runs × row tiles) of the `TK_TAIL` 0 kernel,
+    /// which measured 1-3 % faster than the 1-D kernel without a cut (D3). Measured (D3, H200,
+    /// 2 interleaved rounds, CUPTI medians, cut vs 2-D grid): K=6 e4m3 npc=128 C clamp=None
+    /// 118.73 → 112.47 µs (+5.6 %), clamp=0.5 121.54 → 117.34 (+3.6 %), weights 124.28 → 119.00
+    /// (+4.4 %), bf16 clamp=0.5 132.56 → 126.91 (+4.5 %), fp32 weights +0.6 %.
+    ///
+    /// `(run CTAs, grid x)` of the 1-D grid for `runs` runs of `ct` tiles
     /// (`tiles` per row, `row_tiles` row tiles) and `slots` resident CTAs; `pte`:
     /// `pos_to_expert` given (`TK_SKIPPAD`). The last partial wave's `r` runs become single
     /// tiles only without `pos_to_expert` and when `r <= slots / 16` (K=6 H=3584 N=24240: 26
@@ -736,20 +737,23 @@ mod gpu {
                     &[false]
                 };
                 for &pte in ptes {
-                    v.push(
-                        FwdKernel {
-                            bf16_in,
-                            out,
-                            sf,
-                            vecio: true,
-                            clamp,
-                            weights,
-                            pte,
-                            whole_row,
-                            tiles,
-                        }
-                        .spec(),
-                    )
+                    let k = FwdKernel {
+                        bf16_in,
+                        out,
+                        sf,
+                        vecio: true,
+                        clamp,
+                        weights,
+                        pte,
+                        whole_row,
+                        tiles,
+                        tail: false,
+                    };
+                    v.push(k.spec());
+                    // The cut last wave (tiled_grid): runs of several tiles, no pos_to_expert.
+                    if whole_row.is_none() && !pte && k.tiled().col_tiles > 1 {
+                        v.push(FwdKernel { tail: true, ..k }.spec());
+                    }
                 }
             };
         // Runs of 5 column tiles (H = 1280): bf16 to e4m3 in layouts A and C.
@@ -926,7 +930,7 @@ mod gpu {
             .as_ref()
             .map(|c| (c.sf_layout, params.opts.round_sf));
         let npc = plan.cast.map_or(0, |c| c.block.1);
-        let kernel = FwdKernel {
+        let mut kernel = FwdKernel {
             bf16_in: in_bytes == 2,
             out: params.out_format,
             sf: quant,
@@ -944,49 +948,55 @@ mod gpu {
                 None
             },
             tiles: h / 128,
+            tail: false,
         };
         if n == 0 {
             return Ok(());
         }
-        let big = i32::MAX as usize;
-        let f = dev.function(&kernel.spec())?;
+        let mut f = dev.function(&kernel.spec())?;
         let cfg = match kernel.whole_row {
             Some((threads, _)) => LaunchConfig {
-                grid_dim: (n.min(big) as u32, 1, 1),
+                grid_dim: (n.min(i32::MAX as usize) as u32, 1, 1),
                 block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             },
-            None if TAIL_SPLIT => {
-                let slots = dev.props().sm_count.max(1) as usize
-                    * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                        .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
-                        as usize;
+            None => {
                 let t = kernel.tiled();
-                let (nbig, grid) = tiled_grid(
-                    h / 128,
-                    t.col_tiles,
-                    n.div_ceil(t.tile_rows()),
-                    slots,
-                    kernel.pte,
-                );
-                a.nbig = nbig as u64;
-                // Fewer than 2^31 CTAs: every tile is at least 16 rows x 128 columns (>= 9 KiB
-                // of x and out).
-                LaunchConfig {
-                    grid_dim: (grid as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
+                let row_tiles = n.div_ceil(t.tile_rows());
+                // The cut needs the resident CTAs; the TK_TAIL 1 kernel has the same
+                // `__launch_bounds__` and so the same occupancy as this TK_TAIL 0 one.
+                let (nbig, grid) = if kernel.pte || t.col_tiles == 1 {
+                    (0, 0)
+                } else {
+                    let slots = dev.props().sm_count.max(1) as usize
+                        * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                            .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
+                            as usize;
+                    tiled_grid(h / 128, t.col_tiles, row_tiles, slots, kernel.pte)
+                };
+                if grid > nbig {
+                    kernel.tail = true;
+                    f = dev.function(&kernel.spec())?;
+                    a.nbig = nbig as u64;
+                    // Fewer than 2^31 CTAs: every tile is at least 16 rows x 128 columns
+                    // (>= 9 KiB of x and out).
+                    LaunchConfig {
+                        grid_dim: (grid as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    }
+                } else {
+                    LaunchConfig {
+                        grid_dim: (
+                            (h / 128).div_ceil(t.col_tiles) as u32,
+                            row_tiles.min(65535) as u32,
+                            1,
+                        ),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    }
                 }
             }
-            None => LaunchConfig {
-                grid_dim: (
-                    (h / 128).div_ceil(kernel.tiled().col_tiles) as u32,
-                    n.div_ceil(kernel.tiled().tile_rows()).min(65535) as u32,
-                    1,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            },
         };
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&a);
