@@ -24,17 +24,25 @@
 //! scale layout, `sf_clamp_min`, all-padding expert blocks, out-of-range weights, zero
 //! tokens, row-strided (unaligned) inputs, partial last blocks of gathered rows.
 //!
-//! Cost (the CPU references dominate): the grids start their largest cases first; a forward
-//! cast's downstream reference is computed once per distinct (format, npc, rounding, eps) and
-//! re-laid out for the other scale layouts (`DownstreamCache`, its premise checked on the CPU);
-//! the CPU `expf` of the tolerance check is memoised over bf16 arguments; the backward's clamp
-//! that changes no gate reuses the previous `expf` replay.
+//! Cost (the CPU references dominate): the grids start their largest cases first (by
+//! tokens x top-k x width); the references split their rows between all cores (see
+//! `tk_quant::reference`) and the random inputs are generated on all cores (`par_randn`, bit
+//! for bit `Rng::randn`); a forward cast's downstream reference is computed once per distinct
+//! (format, npc, rounding, eps) and re-laid out for the other scale layouts
+//! (`DownstreamCache`, its premise checked on the CPU); the CPU `expf` of the tolerance check
+//! is memoised over bf16 arguments; the backward's clamp that changes no gate reuses the
+//! previous `expf` replay. Under `TK_FULL_TEST` the SwiGLU forward grid is about 6.0e9
+//! (fused row x H) elements and the per-channel fused grid about 2.9e10 (fused row x K: its
+//! 128-row expert alignment pads the 256-token, 384-expert sources to 48896 rows), about
+//! 2700 core-seconds each (measured on one AMD EPYC core: 55 s for the largest forward case,
+//! 24 s for the largest fused case).
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use float8::F8E4M3;
 use half::bf16;
@@ -67,7 +75,13 @@ const SMALL_TOKENS: usize = 256;
 /// Runs `f` on this process's share of the cases (`TK_TEST_SHARD`, default all: see
 /// `tk_core::testing::test_shard`), spread over at most `max_workers` host threads (the CPU
 /// references dominate; the big cases hold gigabytes each). Returns the number of cases run.
-fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) -> usize {
+/// Cases that take more than [`SLOW_CASE_S`] are reported on stderr with their time (the
+/// evidence of where a long grid spends it).
+fn par_cases<C: Sync + std::fmt::Debug>(
+    cases: &[C],
+    max_workers: usize,
+    f: impl Fn(&C) + Sync,
+) -> usize {
     let shard = test_shard();
     let mine: Vec<&C> = (0..cases.len())
         .filter(|&i| shard.keeps(i))
@@ -82,7 +96,12 @@ fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) ->
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(c) = mine.get(i) else { break };
+                let start = Instant::now();
                 f(c);
+                let t = start.elapsed().as_secs_f64();
+                if t > SLOW_CASE_S {
+                    eprintln!("par_cases: case {i} of {} took {t:.1} s: {c:?}", mine.len());
+                }
             });
         }
     });
@@ -92,6 +111,98 @@ fn par_cases<C: Sync>(cases: &[C], max_workers: usize, f: impl Fn(&C) + Sync) ->
         cases.len()
     );
     mine.len()
+}
+
+/// [`par_cases`] reports the cases slower than this many seconds.
+const SLOW_CASE_S: f64 = 20.0;
+
+/// `rng.randn(shape, conv)`, bit for bit, generated on all cores, and `rng` left where
+/// `randn` leaves it. `Rng` is a SplitMix64 stream (state `s`, advanced by [`SPLITMIX_GAMMA`]
+/// per draw, two draws per normal), so element `e` is the normal drawn from state
+/// `s + 2e · γ`: each thread starts its own generator there. The state is recovered from
+/// the next output by inverting SplitMix64's output mix (`rng_state`); the CPU test
+/// `par_randn_is_randn` checks the whole premise against `Rng::randn`. The data of the
+/// 4001-token MoE cases (up to 34087 x 7168 normals) took 5-14 s per case on one core.
+fn par_randn<T: tk_core::Element>(
+    rng: &mut Rng,
+    shape: &[usize],
+    conv: impl Fn(f32) -> T + Sync,
+) -> HostTensor<T> {
+    const MIN_PER_THREAD: usize = 1 << 18;
+    let n: usize = shape.iter().product();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(n / MIN_PER_THREAD)
+        .max(1);
+    if threads == 1 {
+        return rng.randn(shape, conv);
+    }
+    let s = rng_state(rng);
+    let mut data = vec![T::from_bits_u64(0); n];
+    let per = n.div_ceil(threads);
+    std::thread::scope(|sc| {
+        for (i, part) in data.chunks_mut(per).enumerate() {
+            let conv = &conv;
+            sc.spawn(move || {
+                let first = (i * per) as u64;
+                let mut r =
+                    Rng::new(s.wrapping_add(first.wrapping_mul(SPLITMIX_GAMMA.wrapping_mul(2))));
+                for e in part {
+                    *e = conv(r.normal());
+                }
+            });
+        }
+    });
+    *rng = Rng::new(s.wrapping_add((n as u64).wrapping_mul(SPLITMIX_GAMMA.wrapping_mul(2))));
+    HostTensor::from_vec(data, shape).unwrap()
+}
+
+/// The increment of `Rng`'s SplitMix64 state per 64-bit draw.
+const SPLITMIX_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The current SplitMix64 state of `rng` (the seed of an `Rng::new` that continues it): its
+/// next output with SplitMix64's output mix undone, less one increment.
+fn rng_state(rng: &Rng) -> u64 {
+    /// `x` from `x ^ (x >> s)`.
+    fn unshift(y: u64, s: u32) -> u64 {
+        let mut x = y;
+        for _ in 0..64 / s {
+            x = y ^ (x >> s);
+        }
+        x
+    }
+    /// The inverse of an odd `a` modulo 2^64 (Newton's iteration, 6 doublings of the
+    /// correct low bits from 3).
+    fn inverse(a: u64) -> u64 {
+        let mut x = a;
+        for _ in 0..6 {
+            x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+        }
+        x
+    }
+    let z = unshift(rng.clone().next_u64(), 31);
+    let z = unshift(z.wrapping_mul(inverse(0x94d0_49bb_1331_11eb)), 27);
+    let z = unshift(z.wrapping_mul(inverse(0xbf58_476d_1ce4_e5b9)), 30);
+    z.wrapping_sub(SPLITMIX_GAMMA)
+}
+
+/// [`par_randn`]'s premise: the same tensor as `Rng::randn` and the same stream afterwards,
+/// for sizes on both sides of its threading threshold and uneven splits.
+#[test]
+fn par_randn_is_randn() {
+    for (case, shape) in [
+        ("a", vec![3, 5]),
+        ("b", vec![1 << 19]),
+        ("c", vec![1237, 1031]),
+    ] {
+        let mut a = Rng::for_case(case);
+        let _ = a.next_u64();
+        let mut b = a.clone();
+        let x = a.randn(&shape, bf16::from_f32);
+        let y = par_randn(&mut b, &shape, bf16::from_f32);
+        assert_bits_eq(case, y.as_slice(), x.as_slice());
+        assert_eq!(a.next_u64(), b.next_u64(), "{case}: the stream afterwards");
+    }
 }
 
 /// Orders `cases` by decreasing `cost` (stable), so that the largest start first and the
@@ -280,7 +391,20 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 fn check_quant(case: &str, d: &DeviceQuantData, s: &DeviceScales, rd: &QuantData, rs: &HostScales) {
     let got = d.to_host().unwrap();
     assert_eq!(got.shape(), rd.shape(), "{case}: data shape");
-    assert_bits_eq(&format!("{case}: data"), &got.bytes(), &rd.bytes());
+    let what = format!("{case}: data");
+    match (&got, rd) {
+        (QuantData::E4M3(g), QuantData::E4M3(r)) => {
+            assert_bits_eq(&what, g.as_slice(), r.as_slice())
+        }
+        (QuantData::E2M1(g), QuantData::E2M1(r)) => {
+            assert_bits_eq(&what, g.as_slice(), r.as_slice())
+        }
+        _ => panic!(
+            "{case}: data format {:?}, expected {:?}",
+            got.format(),
+            rd.format()
+        ),
+    }
     assert_eq!(
         (s.layout(), s.grid()),
         (rs.layout(), rs.grid()),
@@ -703,7 +827,7 @@ fn moe_forward_data(dev: &Device, moe: &MoeParams, h: usize, name: &str) -> FwdD
     let mut rng = Rng::for_case(name);
     let r = Routing::new(moe, 16, &mut rng);
     let weights = rng.randn(&[r.t, r.k], |v| v);
-    let x = r.expand(&rng.randn(&[r.t, 2 * h], bf16::from_f32));
+    let x = r.expand(&par_randn(&mut rng, &[r.t, 2 * h], bf16::from_f32));
     let layout = Layout::contiguous(&[r.n(), 2 * h]);
     FwdData::new(
         dev,
@@ -726,7 +850,7 @@ fn gpu_swiglu_forward_grid() {
         .into_iter()
         .flat_map(|m| hs.iter().map(move |&h| (m, h)))
         .collect();
-    biggest_first(&mut sources, |(m, h)| m.num_topk * h);
+    biggest_first(&mut sources, |(m, h)| m.num_send_tokens * m.num_topk * h);
     let done = AtomicUsize::new(0);
     let ran = par_cases(&sources, moe_workers(), |(moe, h)| {
         let dev = dev.with_new_stream().unwrap();
@@ -1182,8 +1306,8 @@ fn moe_backward_data(dev: &Device, moe: &MoeParams, h: usize, npc: usize, name: 
     let mut rng = Rng::for_case(name);
     let r = Routing::new(moe, npc, &mut rng);
     let weight = HostTensor::from_fn(&[r.t, r.k], |_| rng.uniform());
-    let x = r.expand(&rng.randn(&[r.t, 2 * h], bf16::from_f32));
-    let grad = rng.randn(&[r.n(), h], bf16::from_f32);
+    let x = r.expand(&par_randn(&mut rng, &[r.t, 2 * h], bf16::from_f32));
+    let grad = par_randn(&mut rng, &[r.n(), h], bf16::from_f32);
     BwdData::new(
         dev,
         npc,
@@ -1211,7 +1335,7 @@ fn gpu_swiglu_backward_grid() {
             }
         }
     }
-    biggest_first(&mut sources, |(m, h, _)| m.num_topk * h);
+    biggest_first(&mut sources, |(m, h, _)| m.num_send_tokens * m.num_topk * h);
     let done = AtomicUsize::new(0);
     let ran = par_cases(&sources, moe_workers(), |&(moe, h, npc)| {
         let dev = dev.with_new_stream().unwrap();
@@ -1349,7 +1473,11 @@ fn bf16_input(
     pad: usize,
     name: &str,
 ) -> (HostTensor<bf16>, DeviceTensor<bf16>, Layout) {
-    let x = Rng::for_case(name).randn(&[m.max(1), k + pad], bf16::from_f32);
+    let x = par_randn(
+        &mut Rng::for_case(name),
+        &[m.max(1), k + pad],
+        bf16::from_f32,
+    );
     let d = dev.upload(&x).unwrap();
     (x, d, Layout::new(vec![m, k], vec![k + pad, 1], 0).unwrap())
 }
@@ -1667,7 +1795,9 @@ fn gpu_per_channel_cast_fused_grid() {
         .iter()
         .flat_map(|s| generate_hidden_sizes(128).into_iter().map(move |k| (*s, k)))
         .collect();
-    biggest_first(&mut cases, |(s, k)| s.map_or(16, |m| m.num_topk) * k);
+    biggest_first(&mut cases, |(s, k)| {
+        s.map_or(4096, |m| m.num_send_tokens * m.num_topk) * k
+    });
     let done = AtomicUsize::new(0);
     let ran = par_cases(&cases, moe_workers(), |&(moe, k)| {
         let dev = dev.with_new_stream().unwrap();
@@ -1680,13 +1810,13 @@ fn gpu_per_channel_cast_fused_grid() {
             None => check_fused(
                 &dev,
                 &name,
-                &rng.randn(&[4096, k], bf16::from_f32),
+                &par_randn(&mut rng, &[4096, k], bf16::from_f32),
                 false,
                 None,
             ),
             Some(moe) => {
                 let r = Routing::new(&moe, 128, &mut rng);
-                let x = r.expand(&rng.randn(&[r.t, k], bf16::from_f32));
+                let x = r.expand(&par_randn(&mut rng, &[r.t, k], bf16::from_f32));
                 check_fused(&dev, &name, &x, false, Some(&r.map.pos_to_token))
             }
         };

@@ -55,6 +55,7 @@
 use tk_core::convert::compute_scale;
 use tk_core::{HostTensor, HostView, Result, TkError};
 
+use super::{par_rows, quant_rows};
 use crate::scale::{HostScales, ScaleGrid, ScaleOptions};
 use crate::types::{check_matrix, CastFormat, CastInput, DequantElement, QuantData, QuantInput};
 
@@ -70,6 +71,46 @@ struct Values {
 impl Values {
     /// Validates `x`, `fmt` against `K` and the block, and computes step 1.
     fn new(x: &CastInput<'_>, fmt: CastFormat, block: (usize, usize)) -> Result<Self> {
+        let (m, k, grid) = Self::check(x, fmt, block)?;
+        let mut v = vec![0.0f32; m * k];
+        par_rows(&mut v, k, k, |first, run| {
+            let mut buf = Vec::with_capacity(k);
+            for (i, out) in run.chunks_mut(k).enumerate() {
+                buf.clear();
+                match x {
+                    CastInput::Plain(p) => p.push_row(first + i, &mut buf),
+                    CastInput::Quantized(q) => q.push_dequantized_row(first + i, &mut buf),
+                }
+                out.copy_from_slice(&buf);
+            }
+        });
+        Ok(Self {
+            m,
+            k,
+            block,
+            grid,
+            v,
+        })
+    }
+
+    /// [`Values::new`] of a contiguous fp32 input, taking its buffer (step 1 is a bit copy).
+    fn from_tensor(x: HostTensor<f32>, fmt: CastFormat, block: (usize, usize)) -> Result<Self> {
+        let (m, k, grid) = Self::check(&CastInput::from(x.view()), fmt, block)?;
+        Ok(Self {
+            m,
+            k,
+            block,
+            grid,
+            v: x.into_vec(),
+        })
+    }
+
+    /// The validation of [`Values::new`]: `(M, K)` and the output grid.
+    fn check(
+        x: &CastInput<'_>,
+        fmt: CastFormat,
+        block: (usize, usize),
+    ) -> Result<(usize, usize, ScaleGrid)> {
         let (m, k) = match x {
             CastInput::Plain(p) => p.validate("x")?,
             CastInput::Quantized(q) => {
@@ -85,55 +126,71 @@ impl Values {
                 got: vec![m, k],
             });
         }
-        let grid = ScaleGrid::for_matrix(m, k, block)?;
-        let mut v = Vec::with_capacity(m * k);
-        for r in 0..m {
-            match x {
-                CastInput::Plain(p) => p.push_row(r, &mut v),
-                CastInput::Quantized(q) => q.push_dequantized_row(r, &mut v),
-            }
-        }
-        Ok(Self {
-            m,
-            k,
-            block,
-            grid,
-            v,
-        })
+        Ok((m, k, ScaleGrid::for_matrix(m, k, block)?))
     }
 
-    /// `max |v|` over the real elements of block `(mb, kb)`; NaN is ignored, like CUDA's
-    /// `fmaxf` (`f32::max` returns the non-NaN operand).
-    fn amax(&self, mb: usize, kb: usize) -> f32 {
-        let (bm, bk) = self.block;
-        let rows = mb * bm..((mb + 1) * bm).min(self.m);
-        let cols = kb * bk..((kb + 1) * bk).min(self.k);
-        rows.flat_map(|r| &self.v[r * self.k + cols.start..r * self.k + cols.end])
-            .fold(0.0f32, |acc, x| acc.max(x.abs()))
+    /// Row `r` of the values.
+    fn row(&self, r: usize) -> &[f32] {
+        &self.v[r * self.k..(r + 1) * self.k]
     }
 
-    /// `(sf, inv)` for every block, row-major over the grid.
+    /// `(sf, inv)` for every block, row-major over the grid: per block `amax = max |v|` over
+    /// its real elements (rows `>= M` and columns `>= K` do not exist), then
+    /// [`compute_scale`]. NaN is ignored, like CUDA's `fmaxf` (`f32::max` returns the non-NaN
+    /// operand).
+    ///
+    /// Each block's `amax` folds its elements in the order of the block's rows, left to right
+    /// in each row (the order of the row-major fold over the block); a row block's `amax` row
+    /// is accumulated while streaming its rows, so the column blocks of `bh = 128` blocks do
+    /// not walk the matrix by columns. Row blocks are computed in parallel.
     fn scales(&self, fmt: CastFormat, round_sf: bool) -> Vec<(f32, f32)> {
-        let (nbm, nbk) = (self.grid.nbm(), self.grid.nbk());
-        (0..nbm * nbk)
-            .map(|i| compute_scale(self.amax(i / nbk, i % nbk), fmt.quant_format(), round_sf))
-            .collect()
+        let (bm, bk) = self.block;
+        let nbk = self.grid.nbk();
+        let mut out = vec![(0.0f32, 0.0f32); self.grid.nbm() * nbk];
+        par_rows(&mut out, nbk, bm * self.k, |first, run| {
+            let mut amax = vec![0.0f32; nbk];
+            for (i, sc) in run.chunks_mut(nbk).enumerate() {
+                let mb = first + i;
+                amax.fill(0.0);
+                for r in mb * bm..((mb + 1) * bm).min(self.m) {
+                    let row = self.row(r);
+                    if bk == 1 {
+                        for (a, x) in amax.iter_mut().zip(row) {
+                            *a = a.max(x.abs());
+                        }
+                    } else {
+                        for (a, chunk) in amax.iter_mut().zip(row.chunks(bk)) {
+                            *a = chunk.iter().fold(*a, |acc, x| acc.max(x.abs()));
+                        }
+                    }
+                }
+                for (s, &a) in sc.iter_mut().zip(&amax) {
+                    *s = compute_scale(a, fmt.quant_format(), round_sf);
+                }
+            }
+        });
+        out
     }
 
-    /// Step 4: `enc(fl(v · inv))` with `inv[mb · nbk + kb]` per block.
+    /// Step 4: `enc(fl(v · inv))` with `inv[mb · nbk + kb]` per block, rows in parallel.
     fn quantize(&self, fmt: CastFormat, inv: &[f32]) -> Result<QuantData> {
         let (bm, bk) = self.block;
         let nbk = self.grid.nbk();
-        let codes: Vec<u8> = self
-            .v
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| {
-                let (r, c) = (i / self.k, i % self.k);
-                fmt.encode(v * inv[(r / bm) * nbk + c / bk])
-            })
-            .collect();
-        QuantData::from_codes(fmt, self.m, self.k, &codes)
+        quant_rows(fmt, (self.m, self.k), |r, codes| {
+            let inv = &inv[(r / bm) * nbk..(r / bm + 1) * nbk];
+            for ((cs, vs), &s) in codes.chunks_mut(bk).zip(self.row(r).chunks(bk)).zip(inv) {
+                for (c, &v) in cs.iter_mut().zip(vs) {
+                    *c = fmt.encode(v * s);
+                }
+            }
+        })
+    }
+
+    /// Steps 2-5: the data and the scales.
+    fn cast(&self, fmt: CastFormat, opts: &ScaleOptions) -> Result<(QuantData, HostScales)> {
+        let scales = self.scales(fmt, opts.round_sf);
+        let inv: Vec<f32> = scales.iter().map(|&(_, inv)| inv).collect();
+        Ok((self.quantize(fmt, &inv)?, self.store(opts, &scales)?))
     }
 
     /// Step 5: the scales in the selected layout.
@@ -163,10 +220,19 @@ pub fn cast(
     opts: ScaleOptions,
 ) -> Result<(QuantData, HostScales)> {
     opts.layout()?;
-    let vals = Values::new(x, fmt, block_size)?;
-    let scales = vals.scales(fmt, opts.round_sf);
-    let inv: Vec<f32> = scales.iter().map(|&(_, inv)| inv).collect();
-    Ok((vals.quantize(fmt, &inv)?, vals.store(&opts, &scales)?))
+    Values::new(x, fmt, block_size)?.cast(fmt, &opts)
+}
+
+/// [`cast`] of a contiguous fp32 `x`, taking its buffer instead of copying it (the
+/// per-channel fused reference's gathered rows: up to 49152 x 7168 values per call).
+pub(crate) fn cast_owned(
+    x: HostTensor<f32>,
+    fmt: CastFormat,
+    block_size: (usize, usize),
+    opts: ScaleOptions,
+) -> Result<(QuantData, HostScales)> {
+    opts.layout()?;
+    Values::from_tensor(x, fmt, block_size)?.cast(fmt, &opts)
 }
 
 /// The scales of [`cast`] only (the kernels' "sf-only" mode): identical to the scales

@@ -33,6 +33,22 @@
 //! The SwiGLU references take the `expf` they use as a parameter (default [`swiglu::cpu_expf`],
 //! the correctly rounded `exp`), so that everything but `expf` is bit-exact against the GPU;
 //! see [`crate::swiglu`] and [`swiglu`](mod@swiglu).
+//!
+//! **Threads.** The large references (the generic cast, the per-token cast of the SwiGLU
+//! forward, the forward activations, the fused gather) split their rows between threads
+//! (`par_rows`): every row (or row block) is computed by one thread with exactly the
+//! sequential arithmetic, so the result does not depend on the split. The GPU tests'
+//! `TK_FULL_TEST` grids run them on billions of elements (a 4001-token SwiGLU forward case
+//! spent about 160 s on one core in these references). A caller-given `expf` must therefore
+//! be `Sync`.
+
+use std::sync::OnceLock;
+
+use float8::F8E4M3;
+use tk_core::dtype::E2M1x2;
+use tk_core::HostTensor;
+
+use crate::types::{CastFormat, QuantData};
 
 pub mod cast;
 pub mod cast_back_op;
@@ -78,3 +94,138 @@ pub use swiglu_forward_and_per_token_cast::{
     swiglu_forward_and_per_token_cast_with_expf, swiglu_forward_downstream, SwigluForwardOutput,
     SwigluOut,
 };
+
+/// Below this much work (elements touched) a reference stays on the calling thread: thread
+/// start-up (tens of microseconds) would dominate the small cases of the unit tests.
+const PAR_MIN_WORK: usize = 1 << 18;
+
+/// The threads [`par_rows`] may use: the machine's available parallelism.
+fn max_threads() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Splits `out` into runs of consecutive whole rows (`row_len` elements each) and calls
+/// `f(first_row, run)` on each, on up to all cores (one run per thread; a single call on the
+/// calling thread when the work, `rows · work_per_row` elements, is small). Returns the
+/// calls' results in row order. Every row belongs to exactly one run, so a per-row
+/// computation gives the same result as the sequential loop. No rows (`out` empty or
+/// `row_len = 0`): no call.
+pub(crate) fn par_rows<T: Send, R: Send>(
+    out: &mut [T],
+    row_len: usize,
+    work_per_row: usize,
+    f: impl Fn(usize, &mut [T]) -> R + Sync,
+) -> Vec<R> {
+    let rows = out.len().checked_div(row_len).unwrap_or(0);
+    if rows == 0 {
+        return Vec::new();
+    }
+    let threads = max_threads()
+        .min(rows)
+        .min(rows.saturating_mul(work_per_row) / PAR_MIN_WORK)
+        .max(1);
+    if threads == 1 {
+        return vec![f(0, out)];
+    }
+    let per_run = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = out
+            .chunks_mut(per_run * row_len)
+            .enumerate()
+            .map(|(i, run)| s.spawn(move || f(i * per_run, run)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a reference thread panicked"))
+            .collect()
+    })
+}
+
+/// `(M, K)` data in `fmt` (e4m3 `(M, K)`, packed e2m1 `(M, K/2)`; `K` even for e2m1) whose
+/// row `r` has the codes `codes(r, buf)` writes into `buf` (`K` codes, one per logical
+/// column), rows computed in parallel ([`par_rows`]).
+pub(crate) fn quant_rows(
+    fmt: CastFormat,
+    (m, k): (usize, usize),
+    codes: impl Fn(usize, &mut [u8]) + Sync,
+) -> tk_core::Result<QuantData> {
+    Ok(match fmt {
+        CastFormat::E4M3 => {
+            let mut data = vec![F8E4M3::from_bits(0); m * k];
+            par_rows(&mut data, k, k, |first, run| {
+                let mut buf = vec![0u8; k];
+                for (i, out) in run.chunks_mut(k).enumerate() {
+                    codes(first + i, &mut buf);
+                    for (o, &c) in out.iter_mut().zip(&buf) {
+                        *o = F8E4M3::from_bits(c);
+                    }
+                }
+            });
+            QuantData::E4M3(HostTensor::from_vec(data, &[m, k])?)
+        }
+        CastFormat::E2M1 => {
+            assert!(
+                k % 2 == 0,
+                "e2m1 data needs an even K (checked by the callers)"
+            );
+            let w = k / 2;
+            let mut data = vec![E2M1x2(0); m * w];
+            par_rows(&mut data, w, k, |first, run| {
+                let mut buf = vec![0u8; k];
+                for (i, out) in run.chunks_mut(w).enumerate() {
+                    codes(first + i, &mut buf);
+                    for (o, p) in out.iter_mut().zip(buf.chunks_exact(2)) {
+                        *o = E2M1x2(tk_core::convert::pack_e2m1(p[0], p[1]));
+                    }
+                }
+            });
+            QuantData::E2M1(HostTensor::from_vec(data, &[m, w])?)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scale::ScaleOptions;
+    use crate::types::CastInput;
+
+    /// The threaded path (a matrix above [`PAR_MIN_WORK`]) gives the bits of the inline one
+    /// (the same matrix cast in 128-row slabs, each below it), specials included.
+    #[test]
+    fn threaded_cast_equals_slabs() {
+        let (m, k) = (512, 1024);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let special = [f32::NAN, f32::INFINITY, -0.0, 1e-40, -1e30, 0.0];
+        let v: Vec<f32> = (0..m * k)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                if i % 1009 == 0 {
+                    special[(state % 6) as usize]
+                } else {
+                    (state >> 40) as f32 / (1u64 << 20) as f32 - 8.0
+                }
+            })
+            .collect();
+        let x = HostTensor::from_vec(v.clone(), &[m, k]).unwrap();
+        for fmt in [CastFormat::E4M3, CastFormat::E2M1] {
+            for block in [(1, 128), (128, 1), (128, 32)] {
+                let opts = ScaleOptions::row_major(false);
+                let (d, s) = cast(&CastInput::from(x.view()), fmt, block, opts).unwrap();
+                let (mut bytes, mut sf) = (Vec::new(), Vec::new());
+                for slab in v.chunks(128 * k) {
+                    let t = HostTensor::from_vec(slab.to_vec(), &[128, k]).unwrap();
+                    let (d, s) = cast(&CastInput::from(t.view()), fmt, block, opts).unwrap();
+                    bytes.extend(d.bytes());
+                    sf.extend(s.storage_bytes());
+                }
+                assert_eq!(d.bytes(), bytes, "{fmt:?} {block:?}: data");
+                assert_eq!(s.storage_bytes(), sf, "{fmt:?} {block:?}: scales");
+            }
+        }
+    }
+}

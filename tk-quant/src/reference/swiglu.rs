@@ -10,9 +10,10 @@
 
 use tk_core::convert::{compute_scale, compute_scale_with_eps};
 
+use super::{par_rows, quant_rows};
 use crate::scale::{HostScales, ScaleGrid, ScaleLayout};
-use crate::types::{CastFormat, QuantData};
-use tk_core::Result;
+use crate::types::{row, CastFormat, QuantData};
+use tk_core::{HostView, Result};
 
 /// The CPU `expf` of the references: [`tk_core::math::expf`], `e^x` correctly rounded.
 ///
@@ -41,7 +42,12 @@ pub fn clamp_value(v: f32, c: Option<f32>) -> (f32, bool, bool) {
 /// The SwiGLU activation of one pair `(l, v)`: clamp (if `c` is given, [`clamp_gate`],
 /// [`clamp_value`]), then `fl(fl(l / fl(1 + expf(−l))) · v)`, each operation rounded on its
 /// own, `expf` as given (use [`cpu_expf`], or the GPU's values).
-pub fn swiglu_activation(l: f32, v: f32, c: Option<f32>, expf: &dyn Fn(f32) -> f32) -> f32 {
+pub fn swiglu_activation(
+    l: f32,
+    v: f32,
+    c: Option<f32>,
+    expf: &(impl Fn(f32) -> f32 + ?Sized),
+) -> f32 {
     let (l, _) = clamp_gate(l, c);
     let (v, _, _) = clamp_value(v, c);
     let t = 1.0 + expf(-l);
@@ -108,32 +114,54 @@ pub(crate) struct RowCast {
     pub eps: Option<f32>,
 }
 
-/// A per-token cast of the fp32 matrix `values` (`m × k`, row-major) with groups of `npc`
-/// columns: per group `amax = max |v|` (NaN ignored), `(sf, inv)` by [`scale_pair`],
-/// `q = enc(fl(v · inv))`. Rows for which `skip(r)` holds are written as zeros with a zero
-/// scale (+0.0, UE8M0 byte 0).
+/// A per-token cast of the fp32 matrix `values` (`m × k`, unit column stride, any row
+/// stride) with groups of `npc` columns: per group `amax = max |v|` (NaN ignored), `(sf, inv)`
+/// by [`scale_pair`], `q = enc(fl(v · inv))`. Rows for which `skip(r)` holds are written as
+/// zeros with a zero scale (+0.0, UE8M0 byte 0), whatever `values` holds there.
+///
+/// Rows are computed in parallel ([`super::par_rows`]; each group's `amax` folds its elements
+/// left to right, as a sequential loop would): the scales in one pass, the codes in a second.
 pub(crate) fn cast_rows(
-    values: &[f32],
-    (m, k): (usize, usize),
+    values: &HostView<'_, f32>,
     p: RowCast,
-    skip: &dyn Fn(usize) -> bool,
+    skip: &(dyn Fn(usize) -> bool + Sync),
 ) -> Result<(QuantData, HostScales)> {
+    let (m, k) = (values.shape()[0], values.shape()[1]);
     let grid = ScaleGrid::for_matrix(m, k, (1, p.npc))?;
-    let mut sf = HostScales::zeros(p.layout, grid);
-    let mut codes = vec![0u8; m * k];
-    for r in 0..m {
-        if skip(r) {
-            continue;
-        }
-        let row = &values[r * k..(r + 1) * k];
-        for (g, chunk) in row.chunks(p.npc).enumerate() {
-            let amax = chunk.iter().fold(0.0f32, |acc, x| acc.max(x.abs()));
-            let (s, inv) = scale_pair(amax, p.fmt, p.eps, p.round_sf);
-            sf.set(r, g, s);
-            for (j, &v) in chunk.iter().enumerate() {
-                codes[r * k + g * p.npc + j] = p.fmt.encode(v * inv);
+    let ng = grid.nbk();
+    // `(sf, inv)` per group of every processed row, `None` for the skipped rows.
+    let mut pairs = vec![None; m * ng];
+    par_rows(&mut pairs, ng, k, |first, run| {
+        for (i, out) in run.chunks_mut(ng).enumerate() {
+            let r = first + i;
+            if skip(r) {
+                continue;
+            }
+            for (o, chunk) in out.iter_mut().zip(row(values, r).chunks(p.npc)) {
+                let amax = chunk.iter().fold(0.0f32, |acc, x| acc.max(x.abs()));
+                *o = Some(scale_pair(amax, p.fmt, p.eps, p.round_sf));
             }
         }
+    });
+    let data = quant_rows(p.fmt, (m, k), |r, codes| {
+        if skip(r) {
+            codes.fill(0);
+            return;
+        }
+        let pairs = &pairs[r * ng..(r + 1) * ng];
+        let chunks = codes.chunks_mut(p.npc).zip(row(values, r).chunks(p.npc));
+        for ((cs, vs), pair) in chunks.zip(pairs) {
+            let (_, inv) = pair.expect("a processed row has every group's scale");
+            for (c, &v) in cs.iter_mut().zip(vs) {
+                *c = p.fmt.encode(v * inv);
+            }
+        }
+    })?;
+    let mut sf = HostScales::zeros(p.layout, grid);
+    for (i, pair) in pairs.iter().enumerate() {
+        if let Some((s, _)) = *pair {
+            sf.set(i / ng, i % ng, s);
+        }
     }
-    Ok((QuantData::from_codes(p.fmt, m, k, &codes)?, sf))
+    Ok((data, sf))
 }

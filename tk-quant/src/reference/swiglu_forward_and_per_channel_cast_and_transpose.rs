@@ -16,6 +16,7 @@ use half::bf16;
 use tk_core::convert::bf16_from_f32;
 use tk_core::{HostTensor, HostView, Result};
 
+use super::par_rows;
 use super::per_channel_cast_and_transpose::transpose_e4m3;
 use super::swiglu::{cpu_expf, swiglu_activation};
 use crate::scale::{HostScales, ScaleOptions};
@@ -31,22 +32,24 @@ use crate::types::{check_matrix, row, CastFormat, CastInput, QuantData};
 pub fn swiglu_per_channel_activation(
     x: &HostView<'_, bf16>,
     params: &SwigluPerChannelParams,
-    expf: &dyn Fn(f32) -> f32,
+    expf: &(impl Fn(f32) -> f32 + Sync + ?Sized),
 ) -> Result<HostTensor<bf16>> {
     let plan = validate(x, params)?;
     let (m, h) = (plan.m, plan.k);
-    let mut a = Vec::with_capacity(m * h);
-    for r in 0..m {
-        let xr = row(x, r);
-        a.extend((0..h).map(|j| {
-            bf16_from_f32(swiglu_activation(
-                xr[j].to_f32(),
-                xr[h + j].to_f32(),
-                params.swiglu_clamp_value,
-                expf,
-            ))
-        }));
-    }
+    let mut a = vec![bf16::ZERO; m * h];
+    par_rows(&mut a, h, 2 * h, |first, run| {
+        for (i, out) in run.chunks_mut(h).enumerate() {
+            let xr = row(x, first + i);
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = bf16_from_f32(swiglu_activation(
+                    xr[j].to_f32(),
+                    xr[h + j].to_f32(),
+                    params.swiglu_clamp_value,
+                    expf,
+                ));
+            }
+        }
+    });
     HostTensor::from_vec(a, &[m, h])
 }
 
@@ -91,7 +94,7 @@ pub fn swiglu_forward_and_per_channel_cast_and_transpose(
 pub fn swiglu_forward_and_per_channel_cast_and_transpose_with_expf(
     x: &HostView<'_, bf16>,
     params: &SwigluPerChannelParams,
-    expf: &dyn Fn(f32) -> f32,
+    expf: &(impl Fn(f32) -> f32 + Sync + ?Sized),
 ) -> Result<(QuantData, HostScales)> {
     let a = swiglu_per_channel_activation(x, params, expf)?;
     swiglu_per_channel_downstream(&a.view(), params)

@@ -17,6 +17,7 @@ use half::bf16;
 use tk_core::convert::bf16_from_f32;
 use tk_core::{HostTensor, HostView, Result};
 
+use super::par_rows;
 use super::swiglu::{cast_rows, clamp_gate, clamp_value, cpu_expf, RowCast};
 use crate::scale::HostScales;
 use crate::swiglu::check_vector;
@@ -55,35 +56,43 @@ pub struct SwigluForwardOutput {
 pub fn swiglu_forward_activation(
     inputs: &SwigluForwardInputs<'_>,
     params: &SwigluForwardParams,
-    expf: &dyn Fn(f32) -> f32,
+    expf: &(impl Fn(f32) -> f32 + Sync + ?Sized),
 ) -> Result<(HostTensor<f32>, Option<[i64; 3]>)> {
     let plan = validate(inputs, params)?;
     let (n, h) = (plan.n, plan.h);
     let c = params.swiglu_clamp_value;
     let mut act = vec![0.0f32; n * h];
-    let mut counts = [0i64; 3];
-    let mut row = Vec::with_capacity(2 * h);
-    for i in 0..n {
-        if !inputs.is_processed(i) {
-            continue;
+    // Rows in parallel, each with the sequential arithmetic; the counts are integer sums.
+    let parts = par_rows(&mut act, h, 3 * h, |first, run| {
+        let mut counts = [0i64; 3];
+        let mut row = Vec::with_capacity(2 * h);
+        for (r, out) in run.chunks_mut(h).enumerate() {
+            let i = first + r;
+            if !inputs.is_processed(i) {
+                continue;
+            }
+            row.clear();
+            inputs.x.push_row(i, &mut row);
+            let w = inputs.topk.as_ref().map(|t| t.weight(i));
+            for (j, o) in out.iter_mut().enumerate() {
+                let (l, cl) = clamp_gate(row[j], c);
+                let (v, hi, lo) = clamp_value(row[h + j], c);
+                counts[0] += cl as i64;
+                counts[1] += hi as i64;
+                counts[2] += lo as i64;
+                let t = 1.0 + expf(-l);
+                let a = (l / t) * v;
+                *o = match w {
+                    Some(w) => a * w,
+                    None => a,
+                };
+            }
         }
-        row.clear();
-        inputs.x.push_row(i, &mut row);
-        let w = inputs.topk.as_ref().map(|t| t.weight(i));
-        for j in 0..h {
-            let (l, cl) = clamp_gate(row[j], c);
-            let (v, hi, lo) = clamp_value(row[h + j], c);
-            counts[0] += cl as i64;
-            counts[1] += hi as i64;
-            counts[2] += lo as i64;
-            let t = 1.0 + expf(-l);
-            let a = (l / t) * v;
-            act[i * h + j] = match w {
-                Some(w) => a * w,
-                None => a,
-            };
-        }
-    }
+        counts
+    });
+    let counts = parts.iter().fold([0i64; 3], |acc, p| {
+        [acc[0] + p[0], acc[1] + p[1], acc[2] + p[2]]
+    });
     let counts = params.count_clamped.then_some(counts);
     Ok((HostTensor::from_vec(act, &[n, h])?, counts))
 }
@@ -107,17 +116,19 @@ pub fn swiglu_forward_downstream(
     if let Some(p) = pos_to_expert {
         check_vector("pos_to_expert", p, n)?;
     }
-    let mut values = act.to_contiguous_vec();
-    for i in 0..n {
-        if !is_processed(pos_to_expert, i) {
+    let skip = |i: usize| !is_processed(pos_to_expert, i);
+    // The plain outputs: `act` with the skipped rows zeroed.
+    let values = || {
+        let mut values = act.to_contiguous_vec();
+        for i in (0..n).filter(|&i| skip(i)) {
             values[i * h..(i + 1) * h].fill(0.0);
         }
-    }
-    let skip = |i: usize| !is_processed(pos_to_expert, i);
+        values
+    };
     Ok(match (params.out_format, plan.cast) {
-        (SwigluOutFormat::F32, _) => SwigluOut::F32(HostTensor::from_vec(values, &[n, h])?),
+        (SwigluOutFormat::F32, _) => SwigluOut::F32(HostTensor::from_vec(values(), &[n, h])?),
         (SwigluOutFormat::BF16, _) => SwigluOut::BF16(HostTensor::from_vec(
-            values.iter().map(|&a| bf16_from_f32(a)).collect(),
+            values().iter().map(|&a| bf16_from_f32(a)).collect(),
             &[n, h],
         )?),
         (fmt, Some(cast)) => {
@@ -125,8 +136,7 @@ pub fn swiglu_forward_downstream(
                 .cast_format()
                 .expect("quantized formats have a cast plan");
             let (q, sf) = cast_rows(
-                &values,
-                (n, h),
+                act,
                 RowCast {
                     fmt,
                     npc: cast.block.1,
@@ -157,7 +167,7 @@ pub fn swiglu_forward_and_per_token_cast(
 pub fn swiglu_forward_and_per_token_cast_with_expf(
     inputs: &SwigluForwardInputs<'_>,
     params: &SwigluForwardParams,
-    expf: &dyn Fn(f32) -> f32,
+    expf: &(impl Fn(f32) -> f32 + Sync + ?Sized),
 ) -> Result<SwigluForwardOutput> {
     let (act, clamped_count) = swiglu_forward_activation(inputs, params, expf)?;
     let out = swiglu_forward_downstream(&act.view(), inputs.pos_to_expert.as_ref(), params)?;
