@@ -43,6 +43,13 @@
 
 use tk_core::{HostView, Result, TkError};
 
+/// Whether a clamp value `c` is exactly a bf16 value (a finite fp32 is exact in bf16 iff its
+/// low 16 bits are zero): then the SwiGLU kernels with bf16 input can clamp the raw bf16 gate
+/// and value words before widening them, with the same results.
+pub(crate) fn is_bf16_value(c: f32) -> bool {
+    c.to_bits() & 0xFFFF == 0
+}
+
 /// Validates an optional SwiGLU clamp value `C` (argument `swiglu_clamp_value`): finite and
 /// not negative. Upstream does not check it; a NaN or negative `C` would make the clamp
 /// meaningless (`v` would be forced to `C` whatever its value), so both are rejected here.

@@ -180,17 +180,6 @@ mod gpu {
         v
     }
 
-    /// Whether `c` is exactly a bf16 value (its fp32 bits end in 16 zeros): then a clamp
-    /// `C > 0` is applied to the raw bf16 gate and value words (`has_clamp` 3: two elements per
-    /// `min` / `max.NaN.bf16x2`, 1.5 HMNMX2 per element instead of 3 FMNMX.NAN; the same
-    /// clamped values, see the kernel) rather than in fp32 after the widening (mode 2). 48
-    /// fewer ALU instructions per thread and 128x64 tile (~1190); H200 A/B (session 9, D2,
-    /// against mode 2): the clamp=0.5 rows 1.7-3.7 % faster (8064x7168 npt=128 transposed
-    /// 85.70 -> 82.62 µs), the unclamped rows unchanged.
-    fn is_bf16_value(c: f32) -> bool {
-        c.to_bits() & 0xFFFF == 0
-    }
-
     fn prepare(
         x: &DeviceView<'_, bf16>,
         params: &SwigluPerChannelParams,
@@ -208,9 +197,13 @@ mod gpu {
         if let Some(c) = params.swiglu_clamp_value {
             // 2: a clamp C > 0 as 3 NaN-propagating min / max per pair (`tkq::swiglu_clamp_minmax`, exact
             // for C > 0) instead of 3 compares and 3 selects (1); 3: the same on the raw bf16 words
-            // when C is a bf16 value.
+            // when C is a bf16 value (two elements per `min` / `max.NaN.bf16x2`, 1.5 HMNMX2 per
+            // element instead of 3 FMNMX.NAN; the same clamped values, see the kernel): 48 fewer
+            // ALU instructions per thread and 128x64 tile (~1190); H200 A/B (session 9, D2,
+            // against mode 2): the clamp=0.5 rows 1.7-3.7 % faster (8064x7168 npt=128 transposed
+            // 85.70 -> 82.62 µs), the unclamped rows unchanged.
             let mode = match c {
-                c if c > 0.0 && is_bf16_value(c) => 3,
+                c if c > 0.0 && crate::swiglu::is_bf16_value(c) => 3,
                 c if c > 0.0 => 2,
                 _ => 1,
             };

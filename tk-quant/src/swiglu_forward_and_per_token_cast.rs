@@ -684,8 +684,7 @@ mod gpu {
             (None, _) => 0,
             (Some(_), true) => 2,
             (Some(c), false) if c.is_sign_positive() => {
-                // A finite fp32 is exact in bf16 iff its low 16 bits are zero.
-                if bf16_in && c.to_bits() & 0xFFFF == 0 {
+                if bf16_in && crate::swiglu::is_bf16_value(c) {
                     4
                 } else {
                     3
