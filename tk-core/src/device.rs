@@ -302,6 +302,16 @@ impl Device {
 
     // ----- kernels ----------------------------------------------------------------------------
 
+    /// Blocks of `threads` threads (no dynamic shared memory) of `f` resident on the whole
+    /// device at once: SMs × the driver's occupancy for `f` (0 when none fits). Launch shapes
+    /// sized to one resident wave, or cutting a grid's last partial wave, start from it.
+    pub fn resident_blocks(&self, f: &CudaFunction, threads: u32) -> Result<usize> {
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .ctx("querying a kernel's occupancy")?;
+        Ok(per_sm as usize * self.shared.props.sm_count as usize)
+    }
+
     /// The loaded function for a kernel specialisation: from the in-memory cache, else the disk
     /// cache, else compiled by NVRTC for this device's architecture (and then cached in both).
     pub fn function(&self, spec: &KernelSpec) -> Result<CudaFunction> {

@@ -3,7 +3,6 @@
 //! kernel specialisation the crate's tests, benches and the DeepSeek-V3 / V4 configurations use.
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
-use tk_core::error::DriverContext;
 pub(crate) use tk_core::validate::{
     check_contiguous as check_out, check_same_device as check_device,
 };
@@ -41,10 +40,7 @@ pub(crate) fn resident_token_grid(
     num_tokens: usize,
 ) -> Result<LaunchConfig> {
     let mut cfg = token_grid(num_tokens);
-    let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(cfg.block_dim.0, 0, None)
-        .ctx("querying the occupancy of a gating kernel")?;
-    let wave = (per_sm.max(1) as u64 * dev.props().sm_count.max(1) as u64).min(u32::MAX as u64);
+    let wave = (dev.resident_blocks(f, cfg.block_dim.0)?.max(1) as u64).min(u32::MAX as u64);
     cfg.grid_dim.0 = cfg.grid_dim.0.min(wave as u32);
     Ok(cfg)
 }

@@ -577,10 +577,7 @@ mod gpu {
         let dev = topk_idx.device();
         let (chunk, nb) = chunking(dev, t * k);
         let f = dev.function(&spec)?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
-            .ctx("occupancy of tk_fused_one")? as usize;
-        if per_sm * (dev.props().sm_count as usize) < nb {
+        if dev.resident_blocks(&f, THREADS)? < nb {
             return Ok(false);
         }
         let mut cnt = dev.alloc::<i32>(&[e, nb.next_multiple_of(4)])?;

@@ -458,18 +458,13 @@ mod gpu {
             let f = dev.function(&spec)?;
             // Pass 2: one wave of resident CTAs (each warp loops over its tasks); more CTAs
             // than fit at once left a partial last wave with most SMs idle.
-            let ctas_per_sm = if pass == 1 {
-                64
+            let max_ctas = if pass == 1 {
+                sms * 64
             } else {
-                f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                    .ctx("querying the occupancy of tk_lossless")? as usize
+                dev.resident_blocks(&f, 256)?.max(sms)
             };
             let cfg = LaunchConfig {
-                grid_dim: (
-                    threads.div_ceil(256).clamp(1, sms * ctas_per_sm.max(1)) as u32,
-                    1,
-                    1,
-                ),
+                grid_dim: (threads.div_ceil(256).clamp(1, max_ctas) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };

@@ -967,10 +967,7 @@ mod gpu {
                 let (nbig, grid) = if kernel.pte || t.col_tiles == 1 {
                     (0, 0)
                 } else {
-                    let slots = dev.props().sm_count.max(1) as usize
-                        * f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                            .ctx("querying the occupancy of tk_swiglu_forward_and_per_token_cast")?
-                            as usize;
+                    let slots = dev.resident_blocks(&f, 256)?;
                     tiled_grid(h / 128, t.col_tiles, row_tiles, slots, kernel.pte)
                 };
                 if grid > nbig {
