@@ -6,6 +6,14 @@
 // TK_TRANSPOSE, TK_MINB).
 #include "tk/per_channel.cuh"
 
+// TK_SWPC_BF16TILE 1: the cast tile is pc::tile_kernel_bf16 (the activations handed over as
+// their bf16 words: packed column maxima, fewer registers live across the barriers, the skewed
+// staging; its options TK_PCB_PACKMAX / TK_PCB_SKEW in per_channel.cuh), 0: pc::tile_kernel
+// over the widened activations (session 9). Bit for bit the same; not yet measured.
+#ifndef TK_SWPC_BF16TILE
+#define TK_SWPC_BF16TILE 1
+#endif
+
 // The divisions: the inline div_fast for the whole tile of a thread (4 rows x 8 columns), one
 // range flag over all 32 gates; when a gate is out of div_fast's range (rare: |l| > 40, tiny or
 // non-finite gates), the 4 rows are reloaded and recomputed with CUDA's IEEE division
@@ -93,9 +101,9 @@ struct SwigluSrc : pc::NoPipe {
         const u32 b = __float_as_uint(c) >> 16;
         return b | b << 16;
     }
-    // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j (+0 for rows >= M).
-    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
-        u32 w[pc::RPT][8];  // (rows, words) the tile's raw words
+    // The tile's raw words of rows r0 .. r0 + 3 (w[i]: 4 gate then 4 value words) and whether
+    // every (clamped) gate is in div_fast's range.
+    static __device__ __forceinline__ bool load_tile(const Params& p, u64 r0, u64 c0, u32 (&w)[pc::RPT][8]) {
         {
             // Every tile is full (the op validated M % 128 == 0): no row checks, one 64-bit
             // address stepped by the row pitch.
@@ -110,23 +118,37 @@ struct SwigluSrc : pc::NoPipe {
                 for (int t = 0; t < 4; ++t) w[i][t] = gw[t], w[i][4 + t] = vw[t];
             }
         }
-        bool ok;  // every (clamped) gate in div_fast's range
-        {
-            // On the raw gates; then the clamped ones are in range too when C >= 2^-40: a
-            // clamped gate is C < l <= 40. A clamp below 2^-40 (C = 0) always takes the exact
-            // fallback below.
-            const u32 g[pc::RPT * 4] = {w[0][0], w[0][1], w[0][2], w[0][3], w[1][0], w[1][1], w[1][2], w[1][3],
-                                        w[2][0], w[2][1], w[2][2], w[2][3], w[3][0], w[3][1], w[3][2], w[3][3]};  // (words,) gates
-            static_assert(pc::RPT == 4, "gate words of 4 rows");
-            ok = gates_in_range(g) && (!p.has_clamp || p.clamp >= 0x1p-40f);
-        }
+        // On the raw gates; then the clamped ones are in range too when C >= 2^-40: a clamped
+        // gate is C < l <= 40. A clamp below 2^-40 (C = 0) always takes the exact fallback.
+        const u32 g[pc::RPT * 4] = {w[0][0], w[0][1], w[0][2], w[0][3], w[1][0], w[1][1], w[1][2], w[1][3],
+                                    w[2][0], w[2][1], w[2][2], w[2][3], w[3][0], w[3][1], w[3][2], w[3][3]};  // (words,) gates
+        static_assert(pc::RPT == 4, "gate words of 4 rows");
+        return gates_in_range(g) && (!p.has_clamp || p.clamp >= 0x1p-40f);
+    }
+    // The fp32 activations (before the bf16 rounding) of one row's raw words, with div_fast.
+    static __device__ __forceinline__ void act_fast(const Params& p, const u32 (&w)[8], float (&a)[8]) {
+        float l[8], v[8];  // (8,) gate, value
+        gate_value<true>(p, w, l, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(tkq::div_fast(l[j], tkq::one_plus_expf(-l[j])), v[j]);
+    }
+    // The exact fallback's bf16 activations (as fp32) of row r, columns c0 .. c0 + 8 (reloaded).
+    static __device__ __forceinline__ void act_exact(const Params& p, u64 r, u64 c0, float (&y)[8]) {
+        u32 wi[8];  // (words,) row r, reloaded
+        fetch_row(p, r, c0, wi);
+        float l[8], v[8];  // (8,) gate, value
+        gate_value<false>(p, wi, l, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = tkq::round_bf16(tkq::swiglu_act(l[j], v[j]));
+    }
+    // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j (pc::tile_kernel).
+    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
+        u32 w[pc::RPT][8];                      // (rows, words) the tile's raw words
+        const bool ok = load_tile(p, r0, c0, w);  // every (clamped) gate in div_fast's range
 #pragma unroll
         for (int i = 0; i < pc::RPT; ++i) {
-            float l[8], v[8];  // (8,) gate, value
-            gate_value<true>(p, w[i], l, v);
             float a[8];  // (8,) fp32 activations
-#pragma unroll
-            for (int j = 0; j < 8; ++j) a[j] = __fmul_rn(tkq::div_fast(l[j], tkq::one_plus_expf(-l[j])), v[j]);
+            act_fast(p, w[i], a);
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
                 const u32 b = tkq::bf16x2_bits(a[j], a[j + 1]);  // (2,) bf16 RNE, element j low
@@ -134,20 +156,37 @@ struct SwigluSrc : pc::NoPipe {
                 y[i][j + 1] = __uint_as_float(b & 0xFFFF0000u);
             }
         }
-        if (!ok) {
+        if (!ok)
+#pragma unroll
+            for (int i = 0; i < pc::RPT; ++i) act_exact(p, r0 + i, c0, y[i]);
+    }
+    // b[i][t] = the bf16 activations at row r0 + i, columns c0 + 2t (low half) and c0 + 2t + 1
+    // (pc::tile_kernel_bf16): the same values as rows, not widened.
+    static __device__ __forceinline__ void rows_bf16(const Params& p, u64 r0, u64 c0, u32 (&b)[pc::RPT][4]) {
+        u32 w[pc::RPT][8];                      // (rows, words) the tile's raw words
+        const bool ok = load_tile(p, r0, c0, w);  // every (clamped) gate in div_fast's range
+#pragma unroll
+        for (int i = 0; i < pc::RPT; ++i) {
+            float a[8];  // (8,) fp32 activations
+            act_fast(p, w[i], a);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) b[i][t] = tkq::bf16x2_bits(a[2 * t], a[2 * t + 1]);  // (2,) bf16 RNE
+        }
+        if (!ok)
 #pragma unroll
             for (int i = 0; i < pc::RPT; ++i) {
-                u32 wi[8];  // (words,) row r0 + i, reloaded
-                fetch_row(p, r0 + i, c0, wi);
-                float l[8], v[8];  // (8,) gate, value
-                gate_value<false>(p, wi, l, v);
+                float y[8];  // (8,) bf16 activations (as fp32, low 16 bits zero)
+                act_exact(p, r0 + i, c0, y);
 #pragma unroll
-                for (int j = 0; j < 8; ++j) y[i][j] = tkq::round_bf16(tkq::swiglu_act(l[j], v[j]));
+                for (int t = 0; t < 4; ++t) b[i][t] = __float_as_uint(y[2 * t]) >> 16 | (__float_as_uint(y[2 * t + 1]) & 0xFFFF0000u);
             }
-        }
     }
 };
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_channel_cast_and_transpose(const Params p) {
+#if TK_SWPC_BF16TILE
+    pc::tile_kernel_bf16<SwigluSrc>(p);
+#else
     pc::tile_kernel<SwigluSrc>(p);
+#endif
 }

@@ -154,7 +154,9 @@ mod gpu {
     /// CTAs per SM for the launch bounds: 64 registers.
     const MIN_BLOCKS: usize = 4;
 
-    /// This op's kernel specialisation (`vecio`: 16-byte accesses).
+    /// This op's kernel specialisation (`vecio`: 16-byte accesses). The grid must stay
+    /// `PerChannelGrid::Tiles`: the kernel's tile loop (`pc::tile_kernel_bf16`, `TK_PCB_GRID2D`)
+    /// reads its column tile off `blockIdx.x` and steps its row tiles by `gridDim.y`.
     fn spec(npt: usize, round_sf: bool, transpose: bool, vecio: bool) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
@@ -400,6 +402,137 @@ mod activation_model {
                     );
                 }
             }
+        }
+    }
+}
+
+/// CPU models of `pc::tile_kernel_bf16` (tk-quant/cuda/per_channel.cuh), the per-channel cast
+/// tile of this op's kernel.
+#[cfg(test)]
+mod tile_bf16_model {
+    use half::bf16;
+
+    /// `SK_PITCH`, `SK_GROUP`: the skewed staging (`TK_PCB_SKEW`).
+    const PITCH: usize = 144;
+    const GROUP: usize = 8 * PITCH + 16;
+
+    /// The staged byte of (column, row) of a 64-column x 128-row tile.
+    fn staged(col: usize, row: usize) -> usize {
+        col / 8 * GROUP + col % 8 * PITCH + row
+    }
+
+    /// The writers (lane (lx, ly) of warp w stores the word of rows 4 rg .. 4 rg + 3 of column
+    /// 8 lx + s at step s, rg = 4 w + ly) and the readers (thread t, chunk ch = t + 256 h: 16
+    /// bytes of column ch / 8 from row 16 (ch % 8), one LDS.128) agree with one layout inside
+    /// the array, the writers' banks are distinct across each warp and step, and each reader
+    /// chunk is 16-byte aligned with 8 consecutive threads reading 128 contiguous bytes.
+    #[test]
+    fn skewed_staging() {
+        let size = 8 * GROUP;
+        let mut owner = vec![None; size];
+        for col in 0..64 {
+            for row in 0..128 {
+                let a = staged(col, row);
+                assert!(a < size && owner[a].is_none(), "col {col} row {row}");
+                owner[a] = Some((col, row));
+            }
+        }
+        for w in 0..8 {
+            for s in 0..8 {
+                let mut banks = [false; 32];
+                for lane in 0..32 {
+                    let (lx, ly) = (lane % 8, lane / 8);
+                    let rg = 4 * w + ly;
+                    let a = lx * GROUP + 4 * rg + s * PITCH; // the kernel's st + s * SK_PITCH
+                    assert_eq!(a, staged(8 * lx + s, 4 * rg));
+                    assert_eq!(a % 4, 0);
+                    let bank = a / 4 % 32;
+                    assert!(!banks[bank], "warp {w} step {s}: bank {bank} twice");
+                    banks[bank] = true;
+                }
+            }
+        }
+        for ch in 0..512 {
+            let (col, part) = (ch / 8, ch % 8);
+            let a = col / 8 * GROUP + col % 8 * PITCH + part * 16;
+            assert_eq!(a % 16, 0);
+            for u in 0..16 {
+                assert_eq!(owner[a + u], Some((col, 16 * part + u)));
+            }
+            if part > 0 {
+                assert_eq!(a, col / 8 * GROUP + col % 8 * PITCH + (part - 1) * 16 + 16);
+            }
+        }
+    }
+
+    /// max.bf16x2 lane: the other operand when one is NaN (a NaN when both are).
+    fn max_bf16(a: bf16, b: bf16) -> bf16 {
+        match (a.is_nan(), b.is_nan()) {
+            (true, _) => b,
+            (_, true) => a,
+            _ => {
+                if b.to_f32() > a.to_f32() {
+                    b
+                } else {
+                    a
+                }
+            }
+        }
+    }
+
+    /// `TK_PCB_PACKMAX`: the packed maxima (|x| of bf16 words folded from +0 by max.bf16x2,
+    /// a NaN lane's |x| any NaN) widened are fmaxf's fold from +0 of the widened |x|, for
+    /// groups of 16 values (a lane's column over a warp) drawn from every bf16 class (zeros of
+    /// both signs, subnormals, normals, infinities, NaN).
+    #[test]
+    fn packed_maxima() {
+        let special = [
+            0x0000u16, 0x8000, 0x0001, 0x807F, 0x0080, 0x3F80, 0xBF80, 0x7F7F, 0x7F80, 0xFF80,
+            0x7FC0, 0xFFC1,
+        ];
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for g in 0..20_000 {
+            let xs: Vec<bf16> = (0..16)
+                .map(|_| {
+                    let r = next();
+                    let bits = if r % 3 == 0 {
+                        special[(r >> 8) as usize % special.len()]
+                    } else {
+                        (r >> 16) as u16
+                    };
+                    bf16::from_bits(bits)
+                })
+                .collect();
+            // All-NaN groups too.
+            let xs: Vec<bf16> = if g % 97 == 0 {
+                vec![bf16::from_bits(0x7FC0); 16]
+            } else {
+                xs
+            };
+            let packed = xs.iter().fold(bf16::ZERO, |m, x| {
+                let abs = if x.is_nan() {
+                    bf16::from_bits(0x7FFF)
+                } else {
+                    bf16::from_bits(x.to_bits() & 0x7FFF)
+                };
+                max_bf16(m, abs)
+            });
+            let packed = max_bf16(bf16::ZERO, packed).to_f32(); // the scale thread's fold from +0
+            let fmax = xs.iter().fold(0.0f32, |m, x| {
+                let a = x.to_f32().abs();
+                if a.is_nan() {
+                    m
+                } else {
+                    m.max(a)
+                }
+            });
+            assert_eq!(packed.to_bits(), fmax.to_bits(), "group {g}: {xs:?}");
         }
     }
 }
