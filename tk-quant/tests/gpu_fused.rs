@@ -1007,6 +1007,75 @@ fn gpu_swiglu_forward_off_grid() {
     });
 }
 
+/// The tail runs of the tiled forward (`TK_TAIL` 2): N = 8256, H = 3584 with packed UE8M0
+/// scales (layout C, runs of 4 column tiles) is 1806 runs, 2 whole waves of an H200's 660
+/// resident CTAs (132 SMs x 5) plus 1944 tiles in 648 tail runs of 3 (the host's rule, checked
+/// on the CPU by `tail_runs_rule`); N = 8255 ends in a partial row tile. With and without
+/// weights and `pos_to_expert` (padding rows scattered and in whole blocks), clamp none or
+/// 0.75, e4m3 and e2m1, rounded scales.
+#[test]
+fn gpu_swiglu_forward_tail_runs() {
+    let Some(dev) = gpu_or_skip("gpu_swiglu_forward_tail_runs") else {
+        return;
+    };
+    let cases: Vec<_> = [8256, 8255]
+        .into_iter()
+        .flat_map(|n| [None, Some(0.75)].map(move |c| (n, c)))
+        .collect();
+    par_cases(&cases, 4, |&(n, clamp)| {
+        let dev = dev.with_new_stream().unwrap();
+        let h = 3584;
+        let name = format!("swiglu_fwd tail runs N={n} H={h} clamp={clamp:?}");
+        let mut rng = Rng::for_case(&name);
+        let x = Plain::BF16(par_randn(&mut rng, &[n, 2 * h], |v| {
+            bf16::from_f32(3.0 * v)
+        }));
+        let layout = Layout::new(vec![n, 2 * h], vec![2 * h, 1], 0).unwrap();
+        let (t, k) = (4001, 2);
+        let weights = rng.randn(&[t, k], |v| v);
+        let ptt: Vec<i32> = (0..n)
+            .map(|i| {
+                if i % 7 == 3 {
+                    -1
+                } else {
+                    ((i * 5) % (t * k)) as i32
+                }
+            })
+            .collect();
+        let pte: Vec<i32> = (0..n)
+            .map(|i| {
+                if (4096..4160).contains(&i) || i % 5 == 4 {
+                    -1
+                } else {
+                    (i % 4) as i32
+                }
+            })
+            .collect();
+        let data = FwdData::new(
+            &dev,
+            x,
+            layout,
+            HostTensor::from_vec(ptt, &[n]).unwrap(),
+            weights,
+            HostTensor::from_vec(pte, &[n]).unwrap(),
+        );
+        let table = ExpfTable::new(&dev, &data.expf_args(clamp));
+        let casts: Vec<_> = [CastFormat::E4M3, CastFormat::E2M1]
+            .map(|fmt| SwigluForwardParams::cast(fmt, 128, ScaleOptions::packed_ue8m0()))
+            .into();
+        for (weights, pte) in [(false, false), (true, false), (false, true), (true, true)] {
+            let cfg = FwdConfig {
+                weights,
+                pte,
+                clamp,
+                tolerance: false,
+            };
+            let name = format!("{name} weights={weights} pte={pte}");
+            check_forward(&dev, &name, &data, cfg, &table, &casts);
+        }
+    });
+}
+
 #[test]
 fn gpu_swiglu_forward_allocating_form_and_counter_accumulates() {
     let Some(dev) = gpu_or_skip("gpu_swiglu_forward_allocating_form_and_counter_accumulates")
