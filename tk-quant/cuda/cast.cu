@@ -437,38 +437,6 @@ __device__ __forceinline__ void store_sf_word_pad(const Params& p, ix c0, u32 lx
 }
 #endif
 
-#if E2M1_PACKED
-// TK_PB_NANSPLIT (per-block bf16 -> e2m1 tiles, TK_BM > 1, TK_BK > 1): a thread whose rows hold
-// no NaN encodes them with tkq::e2m1_pack_bf16_pow2_abs<false>, without min(y, 6) (its only
-// effect is on NaN: every other product of a block's own inverse is within [-6, 6]), one
-// ALU-pipe HMNMX2 fewer per pair: the tile's encode went from 194 ALU / 193 FMA-pipe
-// instructions to 162 / 209 with the test below (SASS sm_90a; the ALU pipe issues at half the
-// FMA pipe's rate and bounded the encode). Threads with a NaN keep the clamping encoder. Not yet
-// measured on the H200. 0: every thread clamps (the session-9 code).
-#ifndef TK_PB_NANSPLIT
-#define TK_PB_NANSPLIT 1
-#endif
-
-#if TK_PB_NANSPLIT
-// True when one of the RPT rows of 8 bf16 in raw may hold a NaN, never false when one does:
-// fma.rn.bf16x2 returns NaN in a lane when an operand's lane is NaN, so a NaN reaches s0 or s1
-// and then t. Overflow to +-inf (inf - inf, inf * 0) can only add false positives, which take
-// the clamping encoder (the same codes). Two chains of RPT HFMA2 (FMA pipe), then 4 integer
-// instructions per tile.
-__device__ __forceinline__ bool rows_may_have_nan(const Raw* raw) {
-    static_assert(RAW_WORDS == 4, "8 bf16 per row fragment");
-    u32 s0 = 0, s1 = 0;  // (2,) bf16 pairs: sums of products of the rows' pairs
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        s0 = tkq::bf16x2_fma(raw[i].w[0], raw[i].w[1], s0);
-        s1 = tkq::bf16x2_fma(raw[i].w[2], raw[i].w[3], s1);
-    }
-    const u32 h = tkq::bf16x2_fma(s0, s1, 0u) & 0x7FFF7FFFu;  // (2,) |s0 s1|: NaN iff above 0x7F80
-    return (h & 0xFFFFu) > 0x7F80u || h > 0x7F80FFFFu;
-}
-#endif
-#endif
-
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params p) {
 #if !TK_WB
     __shared__ float red[TK_BM > 1 ? WARPS : 1][LX * NB];  // (warps, lanes along K * block columns) partial amax
@@ -752,17 +720,6 @@ extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_cast(const Params 
                     u32 inv2[RAW_WORDS];  // (VEC/2,) bf16 pairs of the inverse scale (exact: a power of two)
 #pragma unroll
                     for (int w = 0; w < RAW_WORDS; ++w) inv2[w] = __byte_perm(ib, ib, 0x7632);
-#if TK_PB_NANSPLIT
-                    if (!rows_may_have_nan(raw)) {
-#pragma unroll
-                        for (int i = 0; i < RPT; ++i) {
-                            const u32 q = tkq::e2m1_pack_bf16_pow2_abs<false>(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i
-                            if (col_ok && r0 + i < PM) store_e2m1(p, orow, c0, q);
-                            orow += out_row_bytes(p);
-                        }
-                        continue;
-                    }
-#endif
 #pragma unroll
                     for (int i = 0; i < RPT; ++i) {
                         const u32 q = tkq::e2m1_pack_bf16_pow2_abs(raw[i].w, inv2);  // (VEC/2,) bytes of row r0 + i

@@ -203,19 +203,11 @@ __device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
 // FMAs, the IMAD and abs.bf16x2 run on the FMA pipe). H200 (session 9, with the per-block packed
 // maximum): bf16 -> e2m1 8001x7168 per-block 32x32 42.18 -> 41.57 µs, 128x128 42.49 -> 42.19,
 // per-token npc=128 40.96 -> 40.40 (6 rows: 1.001-1.017, mean 1.012).
-//
-// CLAMP = false drops c = min(y, 6) (c = y): for callers that know no w is NaN (cast.cu's
-// per-block tiles test their rows first). Then every y is a number with |y| <= 6, so
-// min(y, 6) = y (6 stays 6, -0 stays -0): the same codes and signs, one ALU-pipe HMNMX2 fewer
-// per pair (32 of the 194 ALU-pipe instructions of a per-block tile's encode, SASS sm_90a).
-// NaN results of mul.bf16x2 are not relied on: their sign and payload are what min(y, 6) hides.
-template <bool CLAMP = true>
 __device__ __forceinline__ u32 e2m1_pack_bf16_pow2_abs(const u32 (&w)[4], const u32 (&inv2)[4]) {
     u32 c[4], t[4];  // (4,) bf16 pairs: min(y, 6) (the signs); |rounded| (code in mantissa bits 0..2)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 y = bf16x2_mul(w[i], inv2[i]);      // y = x * inv (exact but below 2^-126)
-        c[i] = CLAMP ? bf16x2_min(y, 0x40C040C0u) : y;  // min(y, 6); NaN -> 6 (CLAMP: NaN possible)
+        c[i] = bf16x2_min(bf16x2_mul(w[i], inv2[i]), 0x40C040C0u);                          // min(y, 6); NaN -> 6
         const u32 a = bf16x2_abs(c[i]);                                                      // A = |c| <= 6
         const u32 e = bf16x2_max(a, 0x3F803F80u) & 0x7F807F80u;                             // B = 2^e: exponent of max(A, 1)
         const u32 m = bf16x2_fma(e, bf16x2_fma(e, 0x40404040u, 0x42444244u), 0x41A041A0u);  // B (3 B + 49) + 20

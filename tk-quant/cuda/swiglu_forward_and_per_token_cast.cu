@@ -30,9 +30,7 @@
 //                ceil(H / 128 / TK_CT) CTAs in x); 1: one tile per CTA (the old geometry)
 //   TK_SKIPPAD   tiled path: 1: padding rows (pos_to_expert < 0) are not loaded (p.pte set)
 //   TK_TAIL      tiled path: 1: a 1-D grid of p.nbig runs then single-tile CTAs (see the
-//                kernel); 2: a 1-D grid of p.nbig runs then tail runs of p.tlen consecutive
-//                tiles in row-major order (crossing into the next row tile where needed);
-//                0: the 2-D grid (runs x row tiles), every CTA a run
+//                kernel); 0: the 2-D grid (runs x row tiles), every CTA a run
 //   TK_Q4        tiled path, fp32 output: 1: a lane's columns are quads (4 columns) spaced
 //                by 4 TEAM, so every load and store instruction of a team covers whole 32-byte
 //                sectors (16-byte stores side by side); 0: 8 FPL adjacent columns
@@ -56,8 +54,7 @@ struct Params {
     u64 sf;                  // scales (quantized): full storage of grid (N, H/npc)
     u64 count;               // int64 (3,) clamp counts (0: not counting)
     u64 n, h, nbk, ra;       // rows, H, scale columns, align(N, 4)
-    u64 nbig;                // tiled path, TK_TAIL 1 / 2: CTAs taking a whole run (the rest one tile / tail runs)
-    u64 tail0, tlen, ttot;   // tiled path, TK_TAIL 2: first tail tile, tiles per tail CTA, all tiles (row-major)
+    u64 nbig;                // tiled path, TK_TAIL 1: CTAs taking a whole run (the rest one tile)
     float clamp;             // C (TK_CLAMP 1-4)
     float eps;               // amax clamp (sf_clamp_min or the format's)
 };
@@ -340,34 +337,14 @@ __device__ __forceinline__ void store_scale_word(const Params& p, u64 r, u64 tc0
     s[tc0 / 4 * p.ra + r] = w;
     if (r + 1 == p.n)
         for (u64 r2 = p.n; r2 < p.ra; ++r2) s[tc0 / 4 * p.ra + r2] = 0;
-#elif TK_TAIL == 1
+#else
     u8* s = reinterpret_cast<u8*>(p.sf) + 4 * (tc0 / 4 * p.ra) + tc0 % 4;  // storage (nbk / 4, ra) int32 (4-byte aligned) as bytes, word tc0 / 4 from byte tc0 % 4
     for (u64 r2 = r; r2 < (r + 1 == p.n ? p.ra : r + 1); ++r2) {
         const u32 v = r2 == r ? w : 0u;  // the scales, then the alignment rows' zeros
         if (word) *reinterpret_cast<u32*>(s + 4 * r2) = v;
         else s[4 * r2] = (u8)v;
     }
-#else
-    static_assert(TK_TAIL == 2, "TK_TAIL is 0, 1 or 2");
-    (void)w, (void)word;  // TK_TAIL 2 stores through store_scale_bytes
 #endif
-}
-
-// TK_TAIL 2: stores the nt scale bytes of w (byte k: scale column tc0 + k) of row r in layout
-// C, as one int32 for an aligned run of 4 (tc0 % 4 == 0, nt 4: every run CTA), else byte by
-// byte (a tail run: nt <= 3 tiles from any column); and zeros there for the alignment rows
-// N..ra when r is the last row (as store_scale_word).
-__device__ __forceinline__ void store_scale_bytes(const Params& p, u64 r, u64 tc0, u32 w, u32 nt) {
-    u8* s = reinterpret_cast<u8*>(p.sf);  // storage (nbk / 4, ra) int32 (4-byte aligned) as bytes
-    for (u64 r2 = r; r2 < (r + 1 == p.n ? p.ra : r + 1); ++r2) {
-        const u32 v = r2 == r ? w : 0u;  // the scales, then the alignment rows' zeros
-        if (nt == 4 && tc0 % 4 == 0) {
-            *reinterpret_cast<u32*>(s + 4 * (tc0 / 4 * p.ra + r2)) = v;
-        } else {
-#pragma unroll 1
-            for (u32 k = 0; k < nt; ++k) s[4 * ((tc0 + k) / 4 * p.ra + r2) + (tc0 + k) % 4] = (u8)(v >> (8 * k));
-        }
-    }
 }
 
 // The lane's FPL fragments of row r in column tile tc: fragment f, half h (4 columns, words
@@ -515,49 +492,14 @@ __device__ __forceinline__ void row_tile(const Params& p, u32 tr, u64 tc0, u32 n
         if (PACK_C) sf_word |= (__float_as_uint(my_sf) >> 23) << (8 * k);  // sf >= 0: its exponent byte
         if (QUANT && !PACK_C && tl < RPT && r0 + tl < p.n) store_group_scale(p, r0 + tl, tc, my_sf);
     }
-    if (PACK_C && tl < RPT && r0 + tl < p.n) {
-        if (TK_TAIL == 2) store_scale_bytes(p, r0 + tl, tc0, sf_word, nt);
-        else store_scale_word(p, r0 + tl, tc0, sf_word, nt > 1);
-    }
+    if (PACK_C && tl < RPT && r0 + tl < p.n) store_scale_word(p, r0 + tl, tc0, sf_word, nt > 1);
 }
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_token_cast(const Params p) {
     const u32 tl = threadIdx.x % TEAM, team = threadIdx.x / TEAM;
     const u64 tiles_c = p.h / TC;
     u32 cnt[3] = {0, 0, 0};
-#if TK_TAIL == 2
-    // CTA b < nbig: run b (row tile b / runs_x, run b % runs_x), as TK_TAIL 1; CTA nbig + j:
-    // the tail run of the tiles t0 + j tlen .. min(t0 + (j + 1) tlen, ttot) - 1 in row-major
-    // (row tile, column tile) order (t0 = p.tail0, the first tile after the runs): a segment
-    // to the end of its row tile at most, then (tlen <= tiles_c, the host's rule) the rest
-    // from column 0 of the next row tile. Fewer than 2^31 tiles and tlen <= 4 with tlen <=
-    // tiles_c (the host's rule): u32 indices, and the second segment packed in one register
-    // live across the first (next = (tr + 1) << 2 | more, more <= 3; row tiles < 2^30; with
-    // tr and more in two registers the sm_100a layout A kernels spilled 16-32 bytes).
-    const u32 runs_x = (u32)((tiles_c + TK_CT - 1) / TK_CT);  // runs per row tile
-    const u32 nbig = (u32)p.nbig;
-    u32 tr, nt, next;  // row tile and tiles of the first segment, the second segment (0: none)
-    u64 tc0;           // first column tile of the segment
-    if (blockIdx.x < nbig) {
-        tr = blockIdx.x / runs_x;
-        tc0 = (u64)(blockIdx.x % runs_x) * TK_CT;
-        nt = PACK_C ? 4 : (u32)(tiles_c - tc0 < TK_CT ? tiles_c - tc0 : TK_CT);
-        next = 0;
-    } else {
-        const u32 t = (u32)p.tail0 + (blockIdx.x - nbig) * (u32)p.tlen;  // first tile
-        const u32 len = (u32)(p.ttot - t < p.tlen ? p.ttot - t : p.tlen);  // tiles of this CTA
-        tr = t / (u32)tiles_c;
-        tc0 = t - tr * (u32)tiles_c;
-        nt = (u32)(tiles_c - tc0 < len ? tiles_c - tc0 : len);
-        next = len > nt ? (tr + 1) << 2 | (len - nt) : 0u;
-    }
-#pragma unroll 1
-    for (;;) {
-        row_tile(p, tr, tc0, nt, tl, team, cnt);
-        if (!next) break;
-        tr = next >> 2, tc0 = 0, nt = next & 3u, next = 0;
-    }
-#elif TK_TAIL
+#if TK_TAIL
     // CTA b < nbig: run b (row tile b / runs_x, run b % runs_x); then single tiles: CTA
     // nbig + s takes tile s % CT of run nbig + s / CT. Fewer than 2^31 CTAs (a u32 grid x).
     const u32 runs_x = (u32)((tiles_c + TK_CT - 1) / TK_CT);  // runs per row tile

@@ -468,14 +468,11 @@ mod gpu {
         nbk: u64,
         ra: u64,
         nbig: u64,
-        tail0: u64,
-        tlen: u64,
-        ttot: u64,
         clamp: f32,
         eps: f32,
     }
 
-    // SAFETY: `FwdArgs` is `repr(C)` plain old data (22 × u64 then 2 × 4 bytes, no padding),
+    // SAFETY: `FwdArgs` is `repr(C)` plain old data (19 × u64 then 2 × 4 bytes, no padding),
     // laid out exactly as the kernel's `Params`, which the kernel receives by value.
     unsafe impl DeviceRepr for FwdArgs {}
 
@@ -510,11 +507,9 @@ mod gpu {
         pub whole_row: Option<(usize, usize)>,
         /// Column tiles of 128 columns per row (`H / 128`; selects the tiled path's run length).
         pub tiles: usize,
-        /// Tiled path, `TK_TAIL`: 1, the grid's partial last wave cut into single-tile CTAs (a
-        /// 1-D grid, chosen per launch by [`tiled_grid`]); 2, the tiles after the whole waves
-        /// of runs in shorter tail runs (a 1-D grid, chosen by [`tail_runs`]); 0, the 2-D grid
-        /// of runs.
-        pub tail: u8,
+        /// Tiled path: the grid's partial last wave cut into single-tile CTAs (`TK_TAIL` 1, a
+        /// 1-D grid, chosen per launch by [`tiled_grid`]); `false`, the 2-D grid of runs.
+        pub tail: bool,
     }
 
     /// The tiled path's shape: rows per team (`TK_RPT`), fragments per lane (`TK_FPL`) and
@@ -579,24 +574,6 @@ mod gpu {
             }
         }
 
-        /// Layout C with runs of 4 column tiles and `H / 128` a multiple of 4 (`TK_PACKC`): a
-        /// run's 4 scale bytes of a row are stored as one int32 after the run instead of one
-        /// byte per tile (measured 1.027x, meas31).
-        fn pack_c(&self) -> bool {
-            matches!(self.sf, Some((ScaleLayout::PackedUe8m0, _)))
-                && self.whole_row.is_none()
-                && self.tiled().col_tiles == 4
-                && self.tiles % 4 == 0
-        }
-
-        /// Whether [`tail_runs`] may launch this kernel as `TK_TAIL` 2: the layout C kernels
-        /// with packed scales (the K=2 rows it is for), not counting the clamps (sm_100a: the
-        /// `TK_TAIL` 2 counting kernels spill 32-36 bytes at 48 registers, as does the layout
-        /// A kernel with routing weights, 16 bytes; sm_90a: 0 everywhere).
-        fn tail_runs_ok(&self) -> bool {
-            self.pack_c() && self.clamp != 2
-        }
-
         pub(crate) fn spec(&self) -> KernelSpec {
             let out = match self.out {
                 SwigluOutFormat::F32 => 0,
@@ -627,7 +604,12 @@ mod gpu {
                     // with routing weights 1.324x (meas31). Tried for bf16 output too (8-byte
                     // accesses): 0.996x, removed.
                     let q4 = self.out == SwigluOutFormat::F32;
-                    let pack_c = self.pack_c();
+                    // Layout C with runs of 4 column tiles and `H / 128` a multiple of 4: a run's
+                    // 4 scale bytes of a row are stored as one int32 after the run instead of one
+                    // byte per tile (measured 1.027x, meas31).
+                    let pack_c = matches!(self.sf, Some((ScaleLayout::PackedUe8m0, _)))
+                        && t.col_tiles == 4
+                        && self.tiles % 4 == 0;
                     s.define("TK_RPT", t.rpt)
                         .define("TK_FPL", t.fpl)
                         .define("TK_MINB", self.min_blocks())
@@ -635,7 +617,7 @@ mod gpu {
                         .define("TK_Q4", q4 as u8)
                         .define("TK_PACKC", pack_c as u8)
                         .define("TK_SKIPPAD", self.pte as u8)
-                        .define("TK_TAIL", self.tail)
+                        .define("TK_TAIL", self.tail as u8)
                 }
             }
         }
@@ -680,80 +662,6 @@ mod gpu {
             0
         };
         (runs - cut, runs - cut + ct * cut)
-    }
-
-    /// Tail runs (`TK_TAIL` 2, [`tail_runs`]) for launches without `pos_to_expert`; `false`:
-    /// the grid of session 9 (the 2-D grid of runs where [`tiled_grid`] does not cut).
-    const TAIL_RUNS: bool = true;
-    /// Tail runs with `pos_to_expert` too (with [`TAIL_RUNS`]); `false`: the 2-D grid there.
-    const TAIL_RUNS_PTE: bool = true;
-
-    /// The 1-D grid of tail runs (`TK_TAIL` 2): `nbig` run CTAs (whole waves), then `ctas -
-    /// nbig` tail CTAs, CTA `nbig + j` taking the `tlen` tiles from `tail0 + j tlen` (the last
-    /// one fewer) in row-major (row tile, column tile) order of the `ttot` tiles.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    struct TailRuns {
-        nbig: usize,
-        ctas: usize,
-        tlen: usize,
-        tail0: usize,
-        ttot: usize,
-    }
-
-    /// The tail runs for `tiles` column tiles per row in runs of `ct`, `row_tiles` row tiles
-    /// and `slots` resident CTAs, where they shorten the launch in the wave model, or `None`.
-    ///
-    /// Why: K=2 256/EP8 H=3584 N=8256 (bf16 -> e4m3 layout C, 79-80 % of the copy ceiling in
-    /// D3) is 1806 runs of 4 tiles = 2 waves of 660 + 486 runs: in near-lockstep waves 3 x 4 =
-    /// 12 tile rounds per slot for 7224 / 660 = 10.95 tiles of work. Cutting the 486 runs into
-    /// single tiles (`TK_TAIL` 1: 2.95 rounds of single-tile CTAs) measured 1.8-2.9 % slower
-    /// (D2): a single tile pays a whole CTA's start, prologue and (with `pos_to_expert`)
-    /// routing chain. Here the 1944 remaining tiles go to 648 CTAs of 3 consecutive tiles (a
-    /// run crossing into the next row tile reloads its routing entries there): 4 + 4 + 3 = 11
-    /// rounds, the last one full and with 3 tiles per prologue. Expected (not yet measured)
-    /// ~1 / 12 of the run time less the 1-D kernel's cost (D3: 0.8-2.5 % on these rows).
-    ///
-    /// Rule: at least one whole wave of runs (`waves`); the remaining tiles in `tlen =
-    /// ceil(rest / slots)` tiles per CTA (one round), used only when `2 <= tlen < ct` (single
-    /// tiles: `tiled_grid` or nothing) and the rounds saved, `ct - tlen`, are at least 1 / 20
-    /// of the `(waves + 1) ct` rounds of the runs (K=2 H=3584: 1 / 12, used; K=8 H=3584
-    /// N=32128, 428 runs left: 1 / 44, not used; K=6 H=3584 N=24240: `tlen` 1, `tiled_grid`
-    /// cuts; K=8 H=2048 N=32128: `tlen` 1, not cut); `tlen <= tiles` (a tail run crosses at
-    /// most one row tile end), `tlen <= 4` (the kernel packs the second segment's row tile
-    /// and at most 3 tiles in one register; layout C packing holds 4 scale bytes) and fewer
-    /// than 2^31 tiles (the kernel's u32 tile index).
-    fn tail_runs(
-        tiles: usize,
-        ct: usize,
-        row_tiles: usize,
-        slots: usize,
-        pte: bool,
-    ) -> Option<TailRuns> {
-        if !TAIL_RUNS || (pte && !TAIL_RUNS_PTE) || ct < 2 || slots == 0 {
-            return None;
-        }
-        let runs_x = tiles.div_ceil(ct);
-        let waves = runs_x * row_tiles / slots;
-        let ttot = tiles * row_tiles;
-        if waves == 0 || ttot >= 1 << 31 {
-            return None;
-        }
-        let nbig = waves * slots;
-        // The first tile of run nbig ((nbig % runs_x) ct < tiles).
-        let tail0 = nbig / runs_x * tiles + nbig % runs_x * ct;
-        let rest = ttot - tail0;
-        let tlen = rest.div_ceil(slots);
-        if tlen < 2 || tlen >= ct || tlen > 4 || tlen > tiles || 20 * (ct - tlen) < (waves + 1) * ct
-        {
-            return None;
-        }
-        Some(TailRuns {
-            nbig,
-            ctas: nbig + rest.div_ceil(tlen),
-            tlen,
-            tail0,
-            ttot,
-        })
     }
 
     /// CTAs per SM the tiled kernels are compiled for (`__launch_bounds__(256, TK_MINB)`), for
@@ -838,16 +746,12 @@ mod gpu {
                         pte,
                         whole_row,
                         tiles,
-                        tail: 0,
+                        tail: false,
                     };
                     v.push(k.spec());
                     // The cut last wave (tiled_grid): runs of several tiles, no pos_to_expert.
                     if whole_row.is_none() && !pte && k.tiled().col_tiles > 1 {
-                        v.push(FwdKernel { tail: 1, ..k }.spec());
-                    }
-                    // Tail runs (tail_runs): packed layout C, with pos_to_expert too.
-                    if k.tail_runs_ok() {
-                        v.push(FwdKernel { tail: 2, ..k }.spec());
+                        v.push(FwdKernel { tail: true, ..k }.spec());
                     }
                 }
             };
@@ -1043,7 +947,7 @@ mod gpu {
                 None
             },
             tiles: h / 128,
-            tail: 0,
+            tail: false,
         };
         if n == 0 {
             return Ok(());
@@ -1058,43 +962,16 @@ mod gpu {
             None => {
                 let t = kernel.tiled();
                 let row_tiles = n.div_ceil(t.tile_rows());
-                // The cut and the tail runs need the resident CTAs; the TK_TAIL 1 / 2 kernels
-                // have the same `__launch_bounds__` and so the same occupancy as this TK_TAIL 0
-                // one.
-                let slots = if t.col_tiles == 1
-                    || (kernel.pte && !(TAIL_RUNS && TAIL_RUNS_PTE && kernel.tail_runs_ok()))
-                {
-                    0
-                } else {
-                    dev.resident_blocks(&f, 256)?
-                };
-                let (nbig, grid) = if kernel.pte || slots == 0 {
+                // The cut needs the resident CTAs; the TK_TAIL 1 kernel has the same
+                // `__launch_bounds__` and so the same occupancy as this TK_TAIL 0 one.
+                let (nbig, grid) = if kernel.pte || t.col_tiles == 1 {
                     (0, 0)
                 } else {
+                    let slots = dev.resident_blocks(&f, 256)?;
                     tiled_grid(h / 128, t.col_tiles, row_tiles, slots, kernel.pte)
                 };
-                let runs = if grid > nbig || slots == 0 || !kernel.tail_runs_ok() {
-                    None
-                } else {
-                    tail_runs(h / 128, t.col_tiles, row_tiles, slots, kernel.pte)
-                };
-                if let Some(tr) = runs {
-                    kernel.tail = 2;
-                    f = dev.function(&kernel.spec())?;
-                    (a.nbig, a.tail0, a.tlen, a.ttot) = (
-                        tr.nbig as u64,
-                        tr.tail0 as u64,
-                        tr.tlen as u64,
-                        tr.ttot as u64,
-                    );
-                    // Fewer than 2^31 CTAs: fewer than 2^31 tiles (tail_runs).
-                    LaunchConfig {
-                        grid_dim: (tr.ctas as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    }
-                } else if grid > nbig {
-                    kernel.tail = 1;
+                if grid > nbig {
+                    kernel.tail = true;
                     f = dev.function(&kernel.spec())?;
                     a.nbig = nbig as u64;
                     // Fewer than 2^31 CTAs: every tile is at least 16 rows x 128 columns
@@ -1190,102 +1067,10 @@ mod gpu {
         })
     }
 
-    /// A CPU model of the kernel's `TK_TAIL` 1 and 2 task decoding.
+    /// A CPU model of the kernel's `TK_TAIL` 1 task decoding.
     #[cfg(test)]
     mod tail_model {
-        use super::{tail_runs, tiled_grid, TailRuns, TAIL_RUNS, TAIL_RUNS_PTE};
-
-        /// The (row tile, column tile) pairs of CTA `b` under `TK_TAIL` 2 (the kernel's
-        /// decoding: run CTAs below `nbig`, then tail runs of at most two segments, the second
-        /// from column 0 of the next row tile), with each segment's tile count (<= 4 with
-        /// layout C packing: `sf_word` holds 4 bytes).
-        fn cta_tiles_runs(b: usize, t: &TailRuns, tiles: usize, ct: usize) -> Vec<(usize, usize)> {
-            let runs_x = tiles.div_ceil(ct);
-            let (mut tr, mut tc0, mut nt, mut more);
-            if b < t.nbig {
-                tr = b / runs_x;
-                tc0 = b % runs_x * ct;
-                nt = ct.min(tiles - tc0);
-                more = 0;
-            } else {
-                let first = t.tail0 + (b - t.nbig) * t.tlen;
-                let len = (t.ttot - first).min(t.tlen);
-                tr = first / tiles;
-                tc0 = first - tr * tiles;
-                nt = (tiles - tc0).min(len);
-                more = len - nt;
-            }
-            let mut v = Vec::new();
-            loop {
-                assert!(nt >= 1 && tc0 + nt <= tiles && nt <= ct.max(4));
-                v.extend((tc0..tc0 + nt).map(|tc| (tr, tc)));
-                if more == 0 {
-                    break;
-                }
-                (tr, tc0, nt, more) = (tr + 1, 0, more, 0);
-            }
-            v
-        }
-
-        #[test]
-        fn tail_runs_cover_every_tile_once() {
-            let mut used = 0;
-            for tiles in [1, 2, 5, 9, 10, 16, 28, 56] {
-                for ct in [1, 4, 5] {
-                    for row_tiles in [1, 2, 7, 258, 759, 1004] {
-                        for slots in [1, 8, 64, 132, 660] {
-                            for pte in [false, true] {
-                                let Some(t) = tail_runs(tiles, ct, row_tiles, slots, pte) else {
-                                    continue;
-                                };
-                                used += 1;
-                                let case = format!(
-                                    "{tiles} tiles, ct {ct}, {row_tiles} rows, {slots}, pte {pte}"
-                                );
-                                assert!(t.ctas - t.nbig <= slots, "{case}: one round");
-                                let mut v: Vec<_> = (0..t.ctas)
-                                    .flat_map(|b| cta_tiles_runs(b, &t, tiles, ct))
-                                    .collect();
-                                v.sort_unstable();
-                                let all: Vec<_> = (0..row_tiles)
-                                    .flat_map(|r| (0..tiles).map(move |c| (r, c)))
-                                    .collect();
-                                assert_eq!(v, all, "{case}");
-                            }
-                        }
-                    }
-                }
-            }
-            assert!(used > 10 || !TAIL_RUNS, "{used}");
-        }
-
-        #[test]
-        fn tail_runs_rule() {
-            // K=2 H=3584 N=8256: 1806 runs = 2 waves of 660 + 486 runs (1944 tiles) -> 648
-            // tail runs of 3 tiles: 11 tile rounds instead of 12; with pos_to_expert too.
-            let k2 = TailRuns {
-                nbig: 1320,
-                ctas: 1968,
-                tlen: 3,
-                tail0: 1320 / 7 * 28 + 1320 % 7 * 4,
-                ttot: 7224,
-            };
-            let on = |on: bool| Some(k2).filter(|_| on);
-            assert_eq!(tail_runs(28, 4, 258, 660, false), on(TAIL_RUNS));
-            assert_eq!(
-                tail_runs(28, 4, 258, 660, true),
-                on(TAIL_RUNS && TAIL_RUNS_PTE)
-            );
-            // K=8 H=3584 N=32128: 428 runs left, tlen 3 saves 1 of 44 rounds: not used.
-            assert_eq!(tail_runs(28, 4, 1004, 660, false), None);
-            // K=6 H=3584 N=24240 (26 runs left) and K=8 H=2048 N=32128 (56): tlen 1.
-            assert_eq!(tail_runs(28, 4, 758, 660, false), None);
-            assert_eq!(tail_runs(16, 4, 1004, 660, false), None);
-            // K=2 H=1024 N=8256: 516 runs, less than a wave.
-            assert_eq!(tail_runs(8, 4, 258, 660, false), None);
-            // One tile per CTA: nothing to shorten.
-            assert_eq!(tail_runs(28, 1, 258, 660, false), None);
-        }
+        use super::tiled_grid;
 
         /// The (row tile, column tile) pairs of CTA `b` (the kernel's decoding: run CTAs
         /// below `nbig`, then single tiles, those past a run's end returning at once).
