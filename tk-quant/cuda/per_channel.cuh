@@ -327,91 +327,59 @@ struct PlainSrc : RowwiseLoad<PlainSrc<IN>> {
 // bf16 activations), handed over as their raw words: Src::rows_bf16(p, r0, c0, b) gives
 // b[i][t] = the bf16 pair (column c0 + 2t in the low half, c0 + 2t + 1 in the high half) of row
 // r0 + i. Same outputs as tile_kernel over the widened values, bit for bit; NoPipe Src and
-// TK_PC_RUN 1 only (the 2D grid of per-tile CTAs, strided when the rows exceed it). Used by
-// swiglu_forward_and_per_channel_cast_and_transpose only. Its three options (1: new, 0: as
-// tile_kernel; independent; not yet measured on the H200):
-// TK_PCB_PACKMAX 1: the column maxima on the packed bf16 words (abs.bf16x2 on the FMA pipe,
-// max.bf16x2 on 2 columns at once) through the rows and the warp's shuffles, and the warps'
-// partial maxima stored packed (one 16-byte store per lane); the scale threads reduce the packed
-// partials and unpack their column. Per thread and tile (sm_90a): 16 SHFL -> 8, 48 FMNMX ->
-// 8 VHMNMX (3 inputs) + 8 HMNMX2 (ALU) + 16 HFMA2 (abs, FMA pipe), 2 STS.128 -> 1. Bit for bit
-// fmaxf's chain from +0: the bf16 values widen exactly, max.bf16x2 ignores a NaN lane like
-// fmaxf (the fold starts at +0, so a lane of only NaN ends as +0 too), and |x| is +0 for both
-// zeros (CPU model: tile_bf16_model::packed_maxima in the op's .rs). The tile's 16 words live
-// instead of its 32 widened values until the codes are made (fewer registers across the
-// barriers; with the other two options no spill on sm_90a, where tile_kernel spilled 4-20 bytes).
-#ifndef TK_PCB_PACKMAX
-#define TK_PCB_PACKMAX 1
-#endif
-// TK_PCB_SKEW 1 (transposed output): the staged codes at column pitch 144 bytes, each group of 8
-// columns (one lane's) 16 bytes further than the last: a lane's staging stores go to
-// base + s * 144 (no per-step address or value selects: the banks 4 lx + 4 s + rg are distinct
-// across a warp without the old rotation), and the 16-byte chunks of the output are read as one
-// LDS.128 each (16-byte aligned; 8 threads per column read 128 contiguous bytes: no conflict)
-// instead of 4 LDS.32. Per thread and tile: ~24 SEL / IADD3 and 6 LDS fewer (CPU model:
-// tile_bf16_model::skewed_staging).
-#ifndef TK_PCB_SKEW
-#define TK_PCB_SKEW 1
-#endif
-// TK_PCB_GRID2D 1: the CTA's tiles read off the 2D grid of per-tile CTAs that the op launches
-// (PerChannelGrid::Tiles: gridDim.x = K / 64 column tiles, gridDim.y row tiles or 65535):
-// column tile blockIdx.x, row tiles blockIdx.y, + gridDim.y, ... (the host's stride
-// (step_r, step_c) is then (gridDim.y, 0)). No division for the first tile and no K / 64 kept
-// across the tile (sm_90a: its register was spilled, one STL per CTA and one LDL per tile).
-#ifndef TK_PCB_GRID2D
-#define TK_PCB_GRID2D 1
-#endif
+// TK_PC_RUN 1 only. Used by swiglu_forward_and_per_channel_cast_and_transpose only. It differs
+// from tile_kernel in three ways, each measured on the H200 against tile_kernel's way (session
+// 10, D1, 2 interleaved rounds, CUPTI medians; "slower": the old way's time over this one's):
+// * Packed maxima: the column maxima on the packed bf16 words (abs.bf16x2 on the FMA pipe,
+//   max.bf16x2 on 2 columns at once) through the rows and the warp's shuffles, and the warps'
+//   partial maxima stored packed (one 16-byte store per lane); the scale threads reduce the
+//   packed partials and unpack their column. Per thread and tile (sm_90a): 16 SHFL -> 8,
+//   48 FMNMX -> 8 VHMNMX (3 inputs) + 8 HMNMX2 (ALU) + 16 HFMA2 (abs, FMA pipe), 2 STS.128 -> 1.
+//   Bit for bit fmaxf's chain from +0: the bf16 values widen exactly, max.bf16x2 ignores a NaN
+//   lane like fmaxf (the fold starts at +0, so a lane of only NaN ends as +0 too), and |x| is +0
+//   for both zeros (CPU model: tile_bf16_model::packed_maxima in the op's .rs). The tile's 16
+//   words live instead of its 32 widened values until the codes are made (fewer registers
+//   across the barriers; no spill on sm_90a, where tile_kernel spilled 4-20 bytes). The fp32
+//   maxima of the widened values (knob TK_PCB_PACKMAX 0) were 0-2.8 % slower (mean 1.2 %; plain
+//   rows 1.7-2.8 %, transposed 0.5-0.9 %).
+// * Skewed staging (transposed output): the staged codes at column pitch SK_PITCH = 144 bytes,
+//   each group of 8 columns (one lane's) 16 bytes further than the last: a lane's staging stores
+//   go to base + s * 144 (no per-step address or value selects: the banks 4 lx + 4 s + rg are
+//   distinct across a warp without tile_kernel's rotation), and the 16-byte chunks of the output
+//   are read as one LDS.128 each (16-byte aligned; 8 threads per column read 128 contiguous
+//   bytes: no conflict) instead of 4 LDS.32. Per thread and tile: ~24 SEL / IADD3 and 6 LDS
+//   fewer (CPU model: tile_bf16_model::skewed_staging). tile_kernel's rotated staging (knob
+//   TK_PCB_SKEW 0) was 0.5-2.3 % slower on the transposed rows (mean 1.4 %).
+// * The 2D grid: the CTA's tiles read off the 2D grid of per-tile CTAs that the op launches
+//   (PerChannelGrid::Tiles: gridDim.x = K / 64 column tiles, gridDim.y row tiles or 65535):
+//   column tile blockIdx.x, row tiles blockIdx.y, + gridDim.y, ... No division for the first
+//   tile and no K / 64 kept across the tile (sm_90a: its register was spilled, one STL per CTA
+//   and one LDL per tile). tile_kernel's division and (step_r, step_c) carry stepping (knob
+//   TK_PCB_GRID2D 0) was 2.2-4.4 % slower (mean 3.3 %).
 
 namespace pc {
 
-constexpr int SK_PITCH = 144;               // TK_PCB_SKEW: staged bytes per column
-constexpr int SK_GROUP = 8 * SK_PITCH + 16;  // TK_PCB_SKEW: bytes per group of 8 columns
+constexpr int SK_PITCH = 144;               // staged bytes per column
+constexpr int SK_GROUP = 8 * SK_PITCH + 16;  // bytes per group of 8 columns
 
 template <class Src>
 __device__ __forceinline__ void tile_kernel_bf16(const Params& p) {
     static_assert(!Src::PIPE && TK_PC_RUN == 1, "per-tile CTAs of a NoPipe Src");
-#if TK_PCB_PACKMAX
     __shared__ __align__(16) u32 red[WARPS][TC / 2];  // (warps, column pairs) packed partial maxima
-#else
-    __shared__ __align__(16) float red[WARPS][TC];  // (warps, columns) partial column maxima
-#endif
-    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
+    __shared__ __align__(16) float inv_s[NB][TC];     // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
-#if TK_PCB_SKEW
     __shared__ __align__(16) u8 stage[TC / 8 * SK_GROUP];  // (column groups, 8 columns, rows + pad) e4m3 codes
-#else
-    __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
-#endif
 #endif
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, lx = lane % LX, ly = lane / LX;
     const u32 rg = warp * LY + ly;  // row group: rows 4 rg .. 4 rg + 3 of the tile
     const u32 tiles_r = (u32)((p.m + TR - 1) / TR);
-#if TK_PCB_GRID2D
     u32 tr32 = blockIdx.y;
     const u32 tc32 = blockIdx.x;  // this CTA's current tile
-#else
-    // Tiles as in tile_kernel (RUN 1): CTA b takes t = b, b + nb, ... (row-major), stepped by
-    // (step_r, step_c) with one carry.
-    const u32 tiles_c = (u32)(p.k / TC);
-    const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
-    u32 tr32 = b / tiles_c, tc32 = b % tiles_c;  // this CTA's current tile
-#endif
     while (tr32 < tiles_r) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
         u32 bw[RPT][4];  // (rows, column pairs) bf16 values
         Src::rows_bf16(p, r0, c0, bw);
-        float y[RPT][8];  // (rows, columns) the values, widened (PACKMAX: after the barriers)
-        const auto widen = [&] {
-#pragma unroll
-            for (int i = 0; i < RPT; ++i)
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    y[i][2 * t] = __uint_as_float(bw[i][t] << 16);
-                    y[i][2 * t + 1] = __uint_as_float(bw[i][t] & 0xFFFF0000u);
-                }
-        };
-#if TK_PCB_PACKMAX
         {
             u32 am[4];  // (column pairs,) packed max |y| over this thread's rows, then the warp's
 #pragma unroll
@@ -424,38 +392,15 @@ __device__ __forceinline__ void tile_kernel_bf16(const Params& p) {
             }
             if (ly == 0) *reinterpret_cast<uint4*>(&red[warp][lx * 4]) = make_uint4(am[0], am[1], am[2], am[3]);
         }
-#else
-        widen();
-        {
-            float am[8];  // (columns,) max over this thread's rows, then over the warp
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                am[j] = 0.0f;
-#pragma unroll
-                for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
-#pragma unroll
-                for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
-            }
-            if (ly == 0)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
-        }
-#endif
         __syncthreads();
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
         if (threadIdx.x < NB * TC) {
             const u32 sb = threadIdx.x / TC, c = threadIdx.x % TC;
-#if TK_PCB_PACKMAX
             u32 m2 = 0;  // (2,) packed maxima of columns c & ~1, c | 1 (+0 start: NaN -> 0)
 #pragma unroll
             for (int w = 0; w < WPB; ++w) m2 = tkq::bf16x2_max(m2, red[sb * WPB + w][c / 2]);
             const float a = __uint_as_float(c % 2 ? m2 & 0xFFFF0000u : m2 << 16);
-#else
-            float a = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[sb * WPB + w][c]);
-#endif
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
             inv_s[sb][c] = inv;
@@ -470,16 +415,20 @@ __device__ __forceinline__ void tile_kernel_bf16(const Params& p) {
             inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
             inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
         }
-#if TK_PCB_PACKMAX
-        widen();
-#endif
+        float y[RPT][8];  // (rows, columns) the values, widened
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                y[i][2 * t] = __uint_as_float(bw[i][t] << 16);
+                y[i][2 * t + 1] = __uint_as_float(bw[i][t] & 0xFFFF0000u);
+            }
 #if TK_TRANSPOSE
         u32 cw[8];  // (columns,) rows 4 rg .. +3 of column lx * 8 + j as one word (row i in byte i)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
             cw[j] = tkq::e4m3_pack4(__fmul_rn(y[0][j], inv[j]), __fmul_rn(y[1][j], inv[j]), __fmul_rn(y[2][j], inv[j]),
                                     __fmul_rn(y[3][j], inv[j]));
-#if TK_PCB_SKEW
         {
             u8* const st = stage + lx * SK_GROUP + rg * RPT;  // column lx * 8, rows 4 rg ..
 #pragma unroll
@@ -496,26 +445,6 @@ __device__ __forceinline__ void tile_kernel_bf16(const Params& p) {
             tkq::store_bytes<16, VECIO>(dst, w);
         }
 #else
-        u8* const st = stage + lx * 8 * ROW_PITCH + rg * RPT;  // column lx * 8, rows 4 rg ..
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            // Lanes lx >= 4 write column (s + 4) % 8 of theirs at step s (bank conflicts).
-            const bool hi = lx >= 4;
-            const int jb = (s + 4) % 8;
-            *reinterpret_cast<u32*>(st + (hi ? jb : s) * ROW_PITCH) = hi ? cw[jb] : cw[s];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 ch = threadIdx.x + 256 * h, col = ch / 8, part = ch % 8;
-            u32 w[4];  // (16,) codes of column col, rows 16 part ..
-#pragma unroll
-            for (int u = 0; u < 4; ++u) w[u] = *reinterpret_cast<const u32*>(stage + col * ROW_PITCH + part * 16 + 4 * u);
-            u8* dst = reinterpret_cast<u8*>(p.out) + (tc * TC + col) * p.m + tr * TR + part * 16;  // (16,) of out row
-            tkq::store_bytes<16, VECIO>(dst, w);
-        }
-#endif
-#else
         {
             u8* o = reinterpret_cast<u8*>(p.out) + r0 * p.k + c0;  // (8,) of out row r0
             const u32 rows = p.m > r0 ? (u32)min(p.m - r0, u64{RPT}) : 0u;  // rows inside the output
@@ -531,13 +460,7 @@ __device__ __forceinline__ void tile_kernel_bf16(const Params& p) {
 #endif
         // red, inv_s (and stage) are reused by the next tile (tile_kernel's argument).
         __syncthreads();
-#if TK_PCB_GRID2D
         tr32 += gridDim.y;  // the next tile: the same column tile, gridDim.y row tiles further
-#else
-        tc32 += p.step_c;  // the next tile: t + nb
-        tr32 += p.step_r;
-        if (tc32 >= tiles_c) tc32 -= tiles_c, ++tr32;
-#endif
     }
 }
 

@@ -6,13 +6,13 @@
 // TK_TRANSPOSE, TK_MINB).
 #include "tk/per_channel.cuh"
 
-// TK_SWPC_BF16TILE 1: the cast tile is pc::tile_kernel_bf16 (the activations handed over as
-// their bf16 words: packed column maxima, fewer registers live across the barriers, the skewed
-// staging; its options TK_PCB_PACKMAX / TK_PCB_SKEW in per_channel.cuh), 0: pc::tile_kernel
-// over the widened activations (session 9). Bit for bit the same; not yet measured.
-#ifndef TK_SWPC_BF16TILE
-#define TK_SWPC_BF16TILE 1
-#endif
+// The cast tile is pc::tile_kernel_bf16 (tk/per_channel.cuh): the activations are handed over
+// as their bf16 words (SwigluSrc::rows_bf16), their column maxima taken on the packed words and
+// the words widened only for the products, instead of pc::tile_kernel over the widened fp32
+// activations (session 9). Bit for bit the same; fewer registers live across the barriers (no
+// spill on sm_90a, where tile_kernel spilled 4-20 bytes). H200 A/B (session 10, D1, knob
+// TK_SWPC_BF16TILE, CUPTI medians): pc::tile_kernel was 4.2-8.1 % slower (mean 6.1 %; 8064x7168
+// plain 4.2-5.4 %, transposed 6.5-8.1 %, 4096x2048 4.8-5.4 %).
 
 // The divisions: the inline div_fast for the whole tile of a thread (4 rows x 8 columns), one
 // range flag over all 32 gates; when a gate is out of div_fast's range (rare: |l| > 40, tiny or
@@ -141,27 +141,8 @@ struct SwigluSrc : pc::NoPipe {
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = tkq::round_bf16(tkq::swiglu_act(l[j], v[j]));
     }
-    // y[i][j] = the bf16 activation (as fp32) at row r0 + i, column c0 + j (pc::tile_kernel).
-    static __device__ __forceinline__ void rows(const Params& p, u64 r0, u64 c0, float (&y)[pc::RPT][8]) {
-        u32 w[pc::RPT][8];                      // (rows, words) the tile's raw words
-        const bool ok = load_tile(p, r0, c0, w);  // every (clamped) gate in div_fast's range
-#pragma unroll
-        for (int i = 0; i < pc::RPT; ++i) {
-            float a[8];  // (8,) fp32 activations
-            act_fast(p, w[i], a);
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const u32 b = tkq::bf16x2_bits(a[j], a[j + 1]);  // (2,) bf16 RNE, element j low
-                y[i][j] = __uint_as_float(b << 16);
-                y[i][j + 1] = __uint_as_float(b & 0xFFFF0000u);
-            }
-        }
-        if (!ok)
-#pragma unroll
-            for (int i = 0; i < pc::RPT; ++i) act_exact(p, r0 + i, c0, y[i]);
-    }
     // b[i][t] = the bf16 activations at row r0 + i, columns c0 + 2t (low half) and c0 + 2t + 1
-    // (pc::tile_kernel_bf16): the same values as rows, not widened.
+    // (pc::tile_kernel_bf16), as raw bf16 words.
     static __device__ __forceinline__ void rows_bf16(const Params& p, u64 r0, u64 c0, u32 (&b)[pc::RPT][4]) {
         u32 w[pc::RPT][8];                      // (rows, words) the tile's raw words
         const bool ok = load_tile(p, r0, c0, w);  // every (clamped) gate in div_fast's range
@@ -184,9 +165,5 @@ struct SwigluSrc : pc::NoPipe {
 };
 
 extern "C" __global__ void __launch_bounds__(256, TK_MINB) tk_swiglu_forward_and_per_channel_cast_and_transpose(const Params p) {
-#if TK_SWPC_BF16TILE
     pc::tile_kernel_bf16<SwigluSrc>(p);
-#else
-    pc::tile_kernel<SwigluSrc>(p);
-#endif
 }
