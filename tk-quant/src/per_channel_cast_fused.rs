@@ -527,3 +527,125 @@ mod gpu {
         Ok((d, s))
     }
 }
+
+/// CPU model of the shared-memory maps of `cuda/per_channel.cuh` that
+/// `per_channel_cast_fused.cu` turns on: the swizzled column positions (`TK_PC_SMEM_MAX`,
+/// `TK_PC_INV_SWZ`), the scale threads of `TK_PC_SCALE_ALT`, and the order of the maxima.
+#[cfg(test)]
+mod tile_smem_model {
+    /// `pc::swz_pos`: the position of column `c` (0..64) of a tile.
+    fn swz_pos(c: usize) -> usize {
+        c % 8 / 4 * 32 + c / 8 * 4 + c % 4
+    }
+
+    /// `pc::swz_col`: the column at position `p`.
+    fn swz_col(p: usize) -> usize {
+        p / 4 % 8 * 8 + p / 32 * 4 + p % 4
+    }
+
+    /// The 32 banks of the 4-byte words `words` (of one shared-memory wavefront) are distinct.
+    fn distinct_banks(words: impl IntoIterator<Item = usize>) -> bool {
+        let mut seen = [false; 32];
+        words
+            .into_iter()
+            .all(|w| !std::mem::replace(&mut seen[w % 32], true))
+    }
+
+    /// The positions are a permutation of the 64 columns; lane `lx`'s two 16-byte accesses
+    /// (float4 `lx` and `8 + lx` of a row) hold its columns `8 lx .. 8 lx + 3` and
+    /// `8 lx + 4 .. 8 lx + 7` in order; each quarter warp (lanes `lx` 0..8 of one row group)
+    /// covers 32 distinct banks with them (the partials' stores, the inverse scales' reads);
+    /// a warp of scale threads (32 consecutive positions of a row) too.
+    #[test]
+    fn swizzled_positions() {
+        let mut seen = [false; 64];
+        for c in 0..64 {
+            let p = swz_pos(c);
+            assert!(p < 64 && !seen[p], "column {c}");
+            seen[p] = true;
+            assert_eq!(swz_col(p), c);
+        }
+        for h in 0..2 {
+            let mut words = Vec::new();
+            for lx in 0..8 {
+                for e in 0..4 {
+                    let word = 4 * (8 * h + lx) + e; // element e of float4 8 h + lx
+                    assert_eq!(swz_col(word), 8 * lx + 4 * h + e);
+                    words.push(word);
+                }
+            }
+            assert!(distinct_banks(words), "half {h}");
+        }
+        for rg in 0..32 {
+            for warp in 0..2 {
+                assert!(distinct_banks(
+                    (32 * warp..32 * warp + 32).map(|p| 64 * rg + p)
+                ));
+            }
+        }
+    }
+
+    /// `TK_PC_SCALE_ALT`: the scale threads `t` with `t - st0 < 64` (u32) are warps 0, 1 for
+    /// `st0 = 0` and 2, 3 for `st0 = 64`, each thread once per position, the two choices on
+    /// distinct sub-partitions (warp % 4).
+    #[test]
+    fn alternating_scale_warps() {
+        for parity in 0..2u32 {
+            let st0 = parity * 64;
+            let threads: Vec<u32> = (0..256u32).filter(|t| t.wrapping_sub(st0) < 64).collect();
+            assert_eq!(threads, (st0..st0 + 64).collect::<Vec<_>>());
+            let sub: Vec<u32> = threads.iter().map(|t| t / 32 % 4).collect();
+            assert!(sub.iter().all(|&s| s / 2 == parity), "parity {parity}");
+        }
+    }
+
+    /// The block's column maximum: the thread partials are `fmaxf(+0, |y|...)` (+0 .. inf,
+    /// never NaN), so 4 interleaved chains over the 32 row groups then a tree (`TK_PC_SMEM_MAX`)
+    /// give the bits of the shuffles over each warp's 4 row groups then the tree over its 8
+    /// warps (`TK_PC_TREE`).
+    #[test]
+    fn maxima_order() {
+        let vals = [
+            0.0f32,
+            1e-30,
+            0.5,
+            0.75,
+            1.0,
+            3.0e38,
+            f32::INFINITY,
+            448.0,
+            1e-4,
+            2.0f32.powi(-140),
+        ];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for case in 0..2000 {
+            let parts: Vec<f32> = (0..32)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    vals[(state >> 33) as usize % vals.len()]
+                })
+                .collect();
+            // session 9: per warp (row groups 4 w .. 4 w + 3) the shuffles, then a tree of 8
+            let mut warps: Vec<f32> = parts
+                .chunks(4)
+                .map(|g| g.iter().fold(0.0f32, |a, &v| a.max(v)))
+                .collect();
+            let mut s = 1;
+            while s < 8 {
+                for w in (0..8 - s).step_by(2 * s) {
+                    warps[w] = warps[w].max(warps[w + s]);
+                }
+                s *= 2;
+            }
+            // TK_PC_SMEM_MAX: chains w % 4, then a tree of 4
+            let mut m = [0.0f32; 4];
+            for (w, &v) in parts.iter().enumerate() {
+                m[w % 4] = m[w % 4].max(v);
+            }
+            let new = m[0].max(m[1]).max(m[2].max(m[3]));
+            assert_eq!(new.to_bits(), warps[0].to_bits(), "case {case}");
+        }
+    }
+}
