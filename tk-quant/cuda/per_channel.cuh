@@ -15,8 +15,7 @@
 // Tile: 128 rows x 64 columns per CTA iteration (K % 64 == 0). CTA: 8 warps; a warp is 4 row
 // groups x 8 lanes along K; row group g (0..31) owns rows 4g..4g+3, a lane 8 columns. Column
 // maxima: registers over 4 rows, shuffles over a warp's 16 rows, shared memory across the
-// NPT/16 warps of a block (TK_PC_SMEM_MAX: no shuffles, shared memory across the 32 row
-// groups); each (block, column) scale is then computed once, by one thread,
+// NPT/16 warps of a block; each (block, column) scale is then computed once, by one thread,
 // and its inverse shared through shared memory. The transposed output is staged as codes in
 // shared memory (64 columns x 128 rows, rows padded by 4 bytes; lanes 4..7 of a row group stage
 // their columns rotated by 4, avoiding 2-way bank conflicts) and written as 16-byte chunks, 8
@@ -43,31 +42,6 @@
 // safe: there).
 #ifndef TK_PC_NO_END_BARRIER
 #define TK_PC_NO_END_BARRIER 0
-#endif
-// TK_PC_SMEM_MAX 1 (TK_NPT 128): the block's column maxima from the 32 row groups' partials in
-// shared memory instead of two shuffle levels in every warp: each thread stores its 8 column
-// maxima (2 STS.128, no shuffles, no branch), and each of the 64 scale threads takes the
-// maximum of one column's 32 partials (32 conflict-free LDS). Per warp and tile: 16 SHFL and
-// 16 FMNMX fewer; the scale warps 24 LDS and 24 FMNMX more. The partials are stored
-// "swizzled": column c at position pos(c) (pc::swz_pos), so a quarter warp's 16-byte stores
-// cover 128 contiguous bytes (no bank conflict); scale thread p reads position p (column
-// pc::swz_col(p)).
-#ifndef TK_PC_SMEM_MAX
-#define TK_PC_SMEM_MAX 0
-#endif
-// TK_PC_INV_SWZ 1: the inverse scales in shared memory at position pos(c) (as TK_PC_SMEM_MAX's
-// partials): a thread's two 16-byte reads (columns 8 lx .. 8 lx + 3, 8 lx + 4 .. 8 lx + 7) are
-// float4 lx and 8 + lx, 128 contiguous bytes per quarter warp; at float4 2 lx, 2 lx + 1 lanes
-// lx and lx + 4 hit the same banks (2-way: 8 wavefronts per LDS.128 instead of 4).
-#ifndef TK_PC_INV_SWZ
-#define TK_PC_INV_SWZ 0
-#endif
-// TK_PC_SCALE_ALT 1 (TK_NPT 128): the 64 scale threads (the maxima over the block, the scale
-// and its inverse, between the two barriers) are warps 0, 1 on even tiles (CTA index + tile
-// count) and warps 2, 3 on odd ones. Warp w issues on SM sub-partition w % 4, so with fixed
-// warps 0, 1 sub-partitions 0, 1 issue the scale work of every tile and 2, 3 none of it.
-#ifndef TK_PC_SCALE_ALT
-#define TK_PC_SCALE_ALT 0
 #endif
 
 using tk::u8;
@@ -101,13 +75,6 @@ constexpr int ROW_PITCH = TR + 4;         // staged bytes per column
 constexpr bool VECIO = TK_VECIO != 0;
 static_assert(TK_NPT == 32 || TK_NPT == 128, "NPT must be 32 or 128");
 static_assert(RPT == 4, "a staging word holds the codes of 4 rows");
-static_assert(!(TK_PC_SMEM_MAX || TK_PC_SCALE_ALT) || NB == 1, "TK_PC_SMEM_MAX, TK_PC_SCALE_ALT: TK_NPT 128");
-
-// TK_PC_SMEM_MAX / TK_PC_INV_SWZ: the shared-memory position of column c (0 .. TC) of a tile,
-// and its inverse: lane lx's columns 8 lx + 4 h + e (h < 2, e < 4) at 32 h + 4 lx + e.
-__device__ __forceinline__ u32 swz_pos(u32 c) { return c % 8 / 4 * 32 + c / 8 * 4 + c % 4; }
-__device__ __forceinline__ u32 swz_col(u32 p) { return p / 4 % 8 * 8 + p / 32 * 4 + p % 4; }
-constexpr int SMAX_CHAINS = 4;  // TK_PC_SMEM_MAX: independent maximum chains of a scale thread
 
 // The members of a Src without the raw prefetch of the pipeline (see PlainSrc for one with it).
 struct NoPipe {
@@ -138,12 +105,8 @@ struct RowwiseLoad : NoPipe {
 // object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
-#if TK_PC_SMEM_MAX
-    __shared__ __align__(16) float red[WARPS * LY][TC];  // (row groups, positions) the row groups' column maxima
-#else
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
-#endif
-    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns or positions) inverse scales
+    __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
 #endif
@@ -203,55 +166,17 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             am[j] = 0.0f;
 #pragma unroll
             for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
-#if !TK_PC_SMEM_MAX
 #pragma unroll
             for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
-#endif
         }
-#if TK_PC_SMEM_MAX
-        {
-            float4* const r4 = reinterpret_cast<float4*>(red[rg]);  // (16,) positions of row group rg
-            r4[lx] = make_float4(am[0], am[1], am[2], am[3]);       // columns 8 lx .. 8 lx + 3
-            r4[LX + lx] = make_float4(am[4], am[5], am[6], am[7]);  // columns 8 lx + 4 .. 8 lx + 7
-        }
-#else
         if (ly == 0)
 #pragma unroll
             for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
-#endif
         __syncthreads();
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
-#if TK_PC_SCALE_ALT
-        const u32 st0 = (b + n) % 2 * TC;  // the first scale thread: warps 0, 1 or 2, 3
-#else
-        constexpr u32 st0 = 0;
-#endif
-        if (threadIdx.x - st0 < NB * TC) {
-#if TK_PC_SMEM_MAX
-            // Thread pos reads position pos of the 32 row groups (a warp: 32 consecutive words).
-            const u32 b = 0, pos = threadIdx.x - st0, c = swz_col(pos);
-            // Every partial is fmaxf(+0, ...) of absolute values: +0 .. inf, never NaN, so the
-            // maximum does not depend on the order (TK_PC_TREE's argument). SMAX_CHAINS chains,
-            // each partial folded in as it is loaded: volatile loads stay in this order, so the
-            // loads in flight are bounded (all 32 at once spilled y (28-44 bytes, sm_90a)).
-            constexpr int CH = SMAX_CHAINS;
-            float m[CH];  // (chains,) running maxima of column c
-#pragma unroll
-            for (int w = 0; w < CH; ++w) m[w] = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS * LY; ++w) {
-                float v;  // partial maximum of row group w
-                asm volatile("ld.volatile.shared.f32 %0, [%1];" : "=f"(v) : "r"((u32)__cvta_generic_to_shared(&red[w][pos])));
-                m[w % CH] = fmaxf(m[w % CH], v);
-            }
-#pragma unroll
-            for (int s = 1; s < CH; s <<= 1)
-#pragma unroll
-                for (int w = 0; w + s < CH; w += 2 * s) m[w] = fmaxf(m[w], m[w + s]);
-            const float a = m[0];
-#else
-            const u32 b = (threadIdx.x - st0) / TC, c = (threadIdx.x - st0) % TC;
+        if (threadIdx.x < NB * TC) {
+            const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
             float a = 0.0f;
             if constexpr (TK_PC_TREE) {
                 // Every partial is fmaxf(+0, ...) of absolute values: +0 .. inf, never NaN, so
@@ -268,37 +193,17 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
                 for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
             }
-#endif
             float sf, inv;
             tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-#if TK_PC_INV_SWZ && TK_PC_SMEM_MAX
-            inv_s[b][pos] = inv;  // = swz_pos(c)
-#elif TK_PC_INV_SWZ
-            inv_s[b][swz_pos(c)] = inv;
-#else
             inv_s[b][c] = inv;
-#endif
-#if TK_PC_SMEM_MAX
-            // sf[tr, column] (one scale block per tile) from a u32 index: sf has M K / 128
-            // elements, M K bytes of output fit a device, so fewer than 2^31 (the 64-bit index:
-            // 4-8 bytes of spills on sm_90a). The test of tr TR < M (always true with one
-            // block per tile) is kept: without it ptxas spilled 20-24 bytes on sm_90a.
-            if (tr32 * TR < (u32)p.m) reinterpret_cast<float*>(p.sf)[tr32 * (u32)p.k + tc32 * TC + c] = sf;
-#else
             const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
             if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
-#endif
         }
         __syncthreads();
         float inv[8];  // (columns,) inverse scales of this thread's block
         {
-#if TK_PC_INV_SWZ
-            const float4* is = reinterpret_cast<const float4*>(inv_s[warp / WPB]);  // (16,) positions
-            const float4 i0 = is[lx], i1 = is[LX + lx];
-#else
             const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
             const float4 i0 = is[0], i1 = is[1];
-#endif
             inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
             inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
         }

@@ -16,39 +16,7 @@
 #define TK_PC_TREE (TK_IN == 2)
 #define TK_PC_ROWS32 (TK_IN == 2)
 #define TK_PC_NO_END_BARRIER (TK_IN == 2)
-// Session 10 (not yet measured on the H200; each line a knob, 0: the session-9 form). sm_90a
-// SASS per warp and 128x64 tile outside the scale phase, e4m3 + fp32 scales, u32 rows, PITCH32
-// (the bench's rows): 348 -> 296 with these three, TK_PCF_MADC and TK_PCF_ADDR_ALL (ALU pipe
-// 94 -> 68, SHFL 16 -> 0, LDS.128 wavefronts 16 -> 8); the scale phase (two warps per tile)
-// 88 -> 123. tk-quant/PERF.md.
-// TK_PC_SMEM_MAX: the column maxima through shared memory, no shuffles (e4m3 input only: with
-// bf16 input sm_90a spilled 12 bytes).
-#define TK_PC_SMEM_MAX (TK_IN == 2)
-// TK_PC_INV_SWZ: conflict-free reads of the inverse scales.
-#define TK_PC_INV_SWZ 1
-// TK_PC_SCALE_ALT: the scale warps alternate between sub-partitions 0, 1 and 2, 3 per tile.
-// Also needed for registers: e4m3 input without it (with TK_PC_SMEM_MAX) spills 8-64 bytes on
-// sm_90a in 3 of its 4 specialisations (not the bench's e4m3+sf one).
-#define TK_PC_SCALE_ALT 1
 #include "tk/per_channel.cuh"
-
-// TK_PCF_MADC 1: mad_wide as a 32-bit carry chain (mad.lo.cc + madc.hi) instead of one
-// mad.wide.u32. ptxas split the wide form into IMAD.WIDE.U32 + IADD3 + IMAD.X per gathered
-// address (the IADD3 on the ALU pipe); from the chain it emits one IMAD.WIDE.U32 with the base
-// as addend: sm_90a e4m3 + fp32 scales, the next tile's 8 addresses 8 SASS (8 IADD3) fewer per
-// tile. The same 64-bit sums.
-#ifndef TK_PCF_MADC
-#define TK_PCF_MADC 1
-#endif
-// TK_PCF_ADDR_ALL 1 (with TK_PCF_PITCH32): every row's two addresses computed unconditionally
-// (an absent row's, from src = ABSENT, are never dereferenced), only the loads under the row's
-// predicate. Predicated, ptxas copied the 64-bit base into each IMAD.WIDE's destination first
-// (12 IMAD.MOV per tile) and reloaded the pitch per row (LDC): sm_90a e4m3 + fp32 scales, with
-// the session-10 header options, 307 -> 296 SASS per warp and tile, and the 12 bytes of spills
-// of the PITCH32 specialisations on sm_100a gone.
-#ifndef TK_PCF_ADDR_ALL
-#define TK_PCF_ADDR_ALL 1
-#endif
 
 #ifndef TK_PCF_PITCH32
 #error "TK_PCF_PITCH32 (1: the row pitches of x and its scales in bytes are below 2^32) must be defined"
@@ -57,18 +25,11 @@
 #error "TK_GATHER32 (1: u32 row indices, 0: u64) must be defined"
 #endif
 
-// a * b + c (64-bit) in PTX (TK_PCF_MADC: as a carry chain): from C++, ptxas reassociates c's
-// parts (a base pointer plus offsets) around the product and reloads them per use.
+// a * b + c (64-bit) in one PTX mad.wide.u32: from C++, ptxas reassociates c's parts (a base
+// pointer plus offsets) around the product and reloads them per use.
 __device__ __forceinline__ u64 mad_wide(u32 a, u32 b, u64 c) {
     u64 d;
-#if TK_PCF_MADC
-    asm("{ .reg .b32 cl, ch, dl, dh; mov.b64 {cl, ch}, %3;\n\t"
-        "mad.lo.cc.u32 dl, %1, %2, cl; madc.hi.u32 dh, %1, %2, ch; mov.b64 %0, {dl, dh}; }"
-        : "=l"(d)
-        : "r"(a), "r"(b), "l"(c));
-#else
     asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
-#endif
     return d;
 }
 
@@ -145,14 +106,8 @@ struct GatherSrc {
 #pragma unroll
             for (int t = 0; t < B * 2; ++t) raw.w[i][t] = 0;
             raw.sc[i] = 1.0f;
-#if TK_PCF_PITCH32 && TK_PCF_ADDR_ALL
-            const u64 xa = mad_wide(src[i], pitch, xb), sa = mad_wide(src[i], spitch, sb);  // row i's addresses
-#endif
             if (src[i] != ABSENT) {
-#if TK_PCF_PITCH32 && TK_PCF_ADDR_ALL
-                tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(xa), raw.w[i]);
-                if (TK_IN == 2) raw.sc[i] = __ldg(reinterpret_cast<const float*>(sa));
-#elif TK_PCF_PITCH32
+#if TK_PCF_PITCH32
                 tkq::load_bytes<B * 8, pc::VECIO>(reinterpret_cast<const u8*>(mad_wide(src[i], pitch, xb)), raw.w[i]);
                 if (TK_IN == 2) raw.sc[i] = __ldg(reinterpret_cast<const float*>(mad_wide(src[i], spitch, sb)));
 #else
