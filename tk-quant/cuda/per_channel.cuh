@@ -98,6 +98,25 @@ struct RowwiseLoad : NoPipe {
     }
 };
 
+// Column c of scale block b of tile (tr, tc), whose maximum |y| is a: its scale and inverse
+// (§1.4: eps 1e-4, Q 448, TK_ROUND powers of two); the scale stored at sf[row / NPT, column]
+// when the block starts inside the output, the inverse shared through inv_s[b][c].
+__device__ __forceinline__ void put_scale(const Params& p, u64 tr, u64 tc, u32 b, u32 c, float a, float (&inv_s)[NB][TC]) {
+    float sf, inv;
+    tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+    inv_s[b][c] = inv;
+    const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
+    if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+}
+
+// inv[j] = inv_s[b][lx * 8 + j]: the inverse scales of a lane's 8 columns (two 16-byte loads).
+__device__ __forceinline__ void get_inv(const float (&inv_s)[NB][TC], u32 b, u32 lx, float (&inv)[8]) {
+    const float4* is = reinterpret_cast<const float4*>(&inv_s[b][lx * 8]);
+    const float4 i0 = is[0], i1 = is[1];
+    inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
+    inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
+}
+
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
 // 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
 // c0, raw) (the raw words of those values, issued one tile ahead: right after the current tile's
@@ -193,20 +212,11 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
                 for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
             }
-            float sf, inv;
-            tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-            inv_s[b][c] = inv;
-            const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
-            if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+            put_scale(p, tr, tc, b, c, a, inv_s);
         }
         __syncthreads();
         float inv[8];  // (columns,) inverse scales of this thread's block
-        {
-            const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
-            const float4 i0 = is[0], i1 = is[1];
-            inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
-            inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
-        }
+        get_inv(inv_s, warp / WPB, lx, inv);
 #if TK_TRANSPOSE
         // The transposed tile wants, per column, the codes of the thread's 4 rows as one word
         // (row i in byte i): each column's 4 scaled values go through e4m3_pack4 directly (the
@@ -401,20 +411,11 @@ __device__ __forceinline__ void tile_kernel_bf16(const Params& p) {
 #pragma unroll
             for (int w = 0; w < WPB; ++w) m2 = tkq::bf16x2_max(m2, red[sb * WPB + w][c / 2]);
             const float a = __uint_as_float(c % 2 ? m2 & 0xFFFF0000u : m2 << 16);
-            float sf, inv;
-            tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
-            inv_s[sb][c] = inv;
-            const u64 rb = tr * TR + sb * TK_NPT;  // first row of the scale block
-            if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+            put_scale(p, tr, tc, sb, c, a, inv_s);
         }
         __syncthreads();
         float inv[8];  // (columns,) inverse scales of this thread's block
-        {
-            const float4* is = reinterpret_cast<const float4*>(&inv_s[warp / WPB][lx * 8]);
-            const float4 i0 = is[0], i1 = is[1];
-            inv[0] = i0.x; inv[1] = i0.y; inv[2] = i0.z; inv[3] = i0.w;
-            inv[4] = i1.x; inv[5] = i1.y; inv[6] = i1.z; inv[7] = i1.w;
-        }
+        get_inv(inv_s, warp / WPB, lx, inv);
         float y[RPT][8];  // (rows, columns) the values, widened
 #pragma unroll
         for (int i = 0; i < RPT; ++i)
