@@ -43,6 +43,13 @@
 #ifndef TK_PC_NO_END_BARRIER
 #define TK_PC_NO_END_BARRIER 0
 #endif
+// TK_PC_STAGED 1 (a PIPE Src with STAGES, issue, commit and land; per_channel_cast_fused's
+// e4m3 runs): the raw data of the tiles Src::STAGES - 1 ahead of the current one are in flight
+// (Src::issue, asynchronous copies into shared memory, one commit group per tile) instead of
+// one tile's raw words in registers (Src::fetch).
+#ifndef TK_PC_STAGED
+#define TK_PC_STAGED 0
+#endif
 
 using tk::u8;
 using tk::u32;
@@ -120,7 +127,10 @@ __device__ __forceinline__ void get_inv(const float (&inv_s)[NB][TC], u32 b, u32
 // Src provides rows(p, r0, c0, y): y[i][j] = value at (row r0 + i, column c0 + j) for i < RPT,
 // 0 for rows >= M (RowwiseLoad builds it from a per-row load); with PIPE instead fetch(p, r0,
 // c0, raw) (the raw words of those values, issued one tile ahead: right after the current tile's
-// widen(raw, y) with EARLY, else after its codes) and widen(raw, y). One Src
+// widen(raw, y) with EARLY, else after its codes) and widen(raw, y); with TK_PC_STAGED
+// instead issue(p, tr, tc, slot) (the copies of tile (tr, tc) into shared slot slot < STAGES),
+// the static commit() (closes a tile's copy group) and land(slot, y) (waits for the oldest
+// group, then y from the slot). One Src
 // object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
@@ -159,8 +169,21 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
     const u32 t0 = RUN > 1 ? b * RUN : b;            // this CTA's first tile
     u32 tr32 = t0 / tiles_c, tc32 = t0 % tiles_c;  // this CTA's current tile
+#if TK_PC_STAGED
+    // Staged: tile n's copies go to slot n % S, issued S - 1 tiles ahead (one commit group per
+    // tile, empty past the CTA's last tile, so that group n is complete after wait_group S - 1
+    // at tile n). The slot of tile n + S - 1 is tile n - 1's, read before tile n - 1's barriers.
+    constexpr u32 S = Src::STAGES;
+    u32 atr = tr32, atc = tc32;  // the next tile to issue (tile S - 1 after the prologue)
+#pragma unroll
+    for (u32 k = 0; k + 1 < S; ++k, step(atr, atc)) {
+        if (live(k, atr)) src.issue(p, atr, atc, k);
+        Src::commit();
+    }
+#else
     if constexpr (PIPE)
         if (live(0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+#endif
     for (u32 n = 0; live(n, tr32); ++n, step(tr32, tc32)) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile
         const u64 r0 = tr * TR + rg * RPT, c0 = tc * TC + lx * 8;
@@ -171,6 +194,12 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             step(ntr, ntc);
             if (live(n + 1, ntr)) src.fetch(p, u64{ntr} * TR + rg * RPT, u64{ntc} * TC + lx * 8, raw);
         };
+#if TK_PC_STAGED
+        if (live(n + S - 1, atr)) src.issue(p, atr, atc, (n + S - 1) % S);
+        Src::commit();
+        step(atr, atc);
+        src.land(n % S, y);  // waits for tile n's group: y = its values
+#else
         if constexpr (PIPE) {
             src.widen(raw, y);  // raw holds tile (tr, tc)
             // Src::EARLY (a Src with few raw words): the next tile's loads go out now, in flight
@@ -179,6 +208,7 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         } else {
             src.rows(p, r0, c0, y);
         }
+#endif
         float am[8];  // (columns,) max over this thread's rows, then over the block
 #pragma unroll
         for (int j = 0; j < 8; ++j) {

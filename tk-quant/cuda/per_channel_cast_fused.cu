@@ -16,7 +16,29 @@
 #define TK_PC_TREE (TK_IN == 2)
 #define TK_PC_ROWS32 (TK_IN == 2)
 #define TK_PC_NO_END_BARRIER (TK_IN == 2)
+// TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets 4
+// for gathered rows: a run's 4 tiles all in flight from its first tile on), or 0: the next
+// tile's 12 raw words prefetched into registers (the host's choice for plain rows). Why the
+// staging: with 4 CTAs x 8 KiB of reads in flight per SM the gathered e4m3 + fp32 scales rows
+// ran at 61-72 % of the copy ceiling; the staged copies put S - 1 tiles (8.5 KiB each) per CTA
+// in flight without registers (GatherSrc::issue). H200 (session 11, tk-quant/PERF.md): gathered
+// K=6 rows 2-13 % faster, plain rows from -8 % to +10 %.
+#ifndef TK_PCF_STAGES
+#error "TK_PCF_STAGES (0, or 2..4 staged slots) must be defined"
+#endif
+// Staged only for e4m3 runs with 16-byte aligned rows (16-byte asynchronous copies).
+#define TK_PC_STAGED (TK_IN == 2 && TK_PC_RUN > 1 && TK_VECIO && TK_PCF_STAGES > 1)
 #include "tk/per_channel.cuh"
+
+#if TK_PC_STAGED
+static_assert(TK_PCF_STAGES <= 4, "at most 4 slots (4 x 8.5 KiB per CTA)");
+// The staged raw tiles (tile n of a CTA in slot n % S): slot rows in the tile's row order, except
+// that the row groups rg with rg odd swap the rows of each pair (row 4 rg + i at 4 rg + (i ^ 1)),
+// so the two row groups of a half warp read different bank halves (conflict-free LDS.64: rows
+// 4 rg + i of the two are 4 rows = 256 bytes apart, the same banks, without the swap).
+__shared__ __align__(16) u8 pcf_stage_x[TK_PCF_STAGES][pc::TR][pc::TC];  // (slots, rows, columns) e4m3 codes
+__shared__ __align__(16) float pcf_stage_s[TK_PCF_STAGES][pc::TR];       // (slots, rows) input scales
+#endif
 
 #ifndef TK_PCF_PITCH32
 #error "TK_PCF_PITCH32 (1: the row pitches of x and its scales in bytes are below 2^32) must be defined"
@@ -53,7 +75,9 @@ __device__ __forceinline__ float2 e4m3x2_half(u32 w, bool hi) {
 // selects happen once per row tile, not once per tile. e4m3 input (TK_IN 2) in runs (the only
 // input the host runs: TK_PC_RUN > 1) has the software pipeline: the raw codes and scales of
 // the run's next tile (12 words) are loaded at the top of this tile, in flight while it is
-// reduced, scaled and stored; otherwise every tile loads its rows at its top.
+// reduced, scaled and stored; otherwise every tile loads its rows at its top. With
+// TK_PC_STAGED (TK_PCF_STAGES > 1: gathered rows) e4m3 runs use issue / land instead: the
+// tiles' bytes and scales go through shared memory, STAGES - 1 tiles ahead (below).
 struct GatherSrc {
     static constexpr int B = TK_IN == 0 ? 4 : TK_IN == 1 ? 2 : 1;  // bytes per element
     static constexpr bool PIPE = TK_IN == 2 && TK_PC_RUN > 1;
@@ -117,6 +141,65 @@ struct GatherSrc {
             }
         }
     }
+
+#if TK_PC_STAGED
+    // Staged (TK_PC_STAGED): the copies of a tile go to shared memory, issued STAGES - 1 tiles
+    // ahead by tile_kernel. Copy map: the 8 lanes of row group rg copy its 4 rows, lane lx row
+    // 4 rg + lx / 2, bytes 32 (lx % 2) .. + 32 of the tile's 64 (two 16-byte cp.async.cg), and
+    // the even lanes the row's input scale (4-byte cp.async.ca); absent rows are zero-filled
+    // (source size 0: nothing read; codes +0 times scale +0 = +0, as the register path's
+    // +0 times 1). So a lane needs one source row (csrc), and a warp reads only what its own
+    // lanes copied (wait_group, then __syncwarp; no CTA barrier). Slot reuse (tile n + S - 1
+    // into tile n - 1's slot) is ordered by tile n - 1's two barriers after its reads.
+    static constexpr int STAGES = TK_PCF_STAGES;
+    u32 csrc = ABSENT;  // source row of the row this lane copies (4 rg + lx / 2 of tile rows_of), or ABSENT
+
+    __device__ __forceinline__ void issue(const Params& p, u32 tr, u32 tc, u32 slot) {
+        const u32 lx = threadIdx.x % pc::LX, rg = threadIdx.x / pc::LX, ri = lx / 2;  // ri: the copied row, of rg's 4
+        if (tr != rows_of) {  // a new row tile: this lane's source row (map load, checks) once per row tile
+            rows_of = tr;
+            const Row m = (Row)p.m, n_in = (Row)p.n_in, r = (Row)tr * pc::TR + rg * pc::RPT + ri;
+            i32 s = (i32)r;
+            if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
+            csrc = r < m && s >= 0 && (Row)s < n_in ? (u32)s : ABSENT;
+        }
+        const bool ok = csrc != ABSENT;
+        const u32 s = ok ? csrc : 0u, nx = ok ? 16u : 0u, ns = ok ? 4u : 0u;  // source row (absent: row 0, not read), bytes read
+        const u64 c = u64{tc} * pc::TC + 32 * (lx % 2);                         // first column of this lane's 32 bytes
+#if TK_PCF_PITCH32
+        const u64 gx = mad_wide(s, (u32)p.ldx, p.x + c), gs = mad_wide(s, (u32)(p.xs_ld * 4), p.xs + c / 128 * 4);  // addresses: (32,) codes, scale
+#else
+        const u64 gx = p.x + u64{s} * p.ldx + c, gs = p.xs + (u64{s} * p.xs_ld + c / 128) * 4;  // addresses: (32,) codes, scale
+#endif
+        const u32 dx = (u32)__cvta_generic_to_shared(&pcf_stage_x[slot][rg * pc::RPT + (ri ^ (rg % 2))][32 * (lx % 2)]);  // (32,) slot bytes
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dx), "l"(gx), "r"(nx) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dx + 16), "l"(gx + 16), "r"(nx) : "memory");
+        if (lx % 2 == 0) {
+            const u32 ds = (u32)__cvta_generic_to_shared(&pcf_stage_s[slot][rg * pc::RPT + ri]);  // (1,) slot scale
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(ds), "l"(gs), "r"(ns) : "memory");
+        }
+    }
+
+    static __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+    // Waits until at most STAGES - 1 groups are pending (tile n's group is complete at tile n),
+    // then y from slot slot.
+    static __device__ __forceinline__ void land(u32 slot, float (&y)[pc::RPT][8]) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
+        __syncwarp();  // the row group's other lanes copied most of this thread's bytes
+        const u32 lx = threadIdx.x % pc::LX, rg = threadIdx.x / pc::LX;
+        const float4 sc = *reinterpret_cast<const float4*>(&pcf_stage_s[slot][rg * pc::RPT]);  // (4,) rows' scales
+        Raw raw;
+        raw.sc[0] = sc.x; raw.sc[1] = sc.y; raw.sc[2] = sc.z; raw.sc[3] = sc.w;
+#pragma unroll
+        for (int i = 0; i < pc::RPT; ++i) {
+            const uint2 w = *reinterpret_cast<const uint2*>(&pcf_stage_x[slot][rg * pc::RPT + (i ^ (rg % 2))][8 * lx]);  // (8,) codes
+            raw.w[i][0] = w.x;
+            raw.w[i][1] = w.y;
+        }
+        widen(raw, y);
+    }
+#endif
 
     // y[i][j]: the values of raw's words.
     static __device__ __forceinline__ void widen(const Raw& raw, float (&y)[pc::RPT][8]) {

@@ -294,8 +294,10 @@ pub use gpu::*;
 /// gathered through `pos_to_token` and, fused, dequantized (`fl(dec8 · s_in)`) on load;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
 /// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
-/// source rows looked up once per run, and prefetches the run's next tile while casting the
-/// current one; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
+/// source rows looked up once per run, and has the run's next tiles in flight while casting the
+/// current one: gathered rows (`pos_to_token` given) through asynchronous copies into shared
+/// memory (all 4 tiles of the run from its first tile on), plain rows as the next tile's raw
+/// words in registers; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -389,7 +391,28 @@ mod gpu {
         input == 2 && args.ldx <= u32::MAX as u64 && args.xs_ld < 1 << 30
     }
 
-    fn spec(input: u8, round_sf: bool, vecio: bool, pitch32: bool) -> KernelSpec {
+    /// Slots of the staged e4m3 pipeline of the kernel for gathered rows (`TK_PCF_STAGES`):
+    /// a run's 4 tiles in flight through shared memory from its first tile on.
+    const GATHER_STAGES: u32 = 4;
+
+    /// `TK_PCF_STAGES` for input `input` with or without a row gather (`pos_to_token`):
+    /// [`GATHER_STAGES`] for gathered e4m3 rows, else 0 (the next tile's raw words prefetched
+    /// into registers). H200 (session 11, 2 interleaved rounds, tk-quant/PERF.md), staged
+    /// (with the driver's default shared-memory carveout) against the register prefetch:
+    /// gathered K=6 rows K=7168 116.8-126.5 -> 106.8-112.5 µs (8.6-11.1 % less time), K=4096
+    /// 72.5 -> 66.1 (8.8 %), K=2048 36.1 -> 35.7 (1.1 %); plain rows (N = 4096, contiguous)
+    /// mixed: K=2048 -9.7 %, K=6144 -7.6 %, but K=3072 +6.7 %, K=4096 +5.0 %, K=7168 +1.6 %,
+    /// so they keep the registers. Asking for the largest carveout (4 CTAs per SM) made the
+    /// staged kernel 5-6 % slower than the default on the gathered rows.
+    fn stages(input: u8, gathered: bool) -> u32 {
+        if input == 2 && gathered {
+            GATHER_STAGES
+        } else {
+            0
+        }
+    }
+
+    fn spec(input: u8, round_sf: bool, vecio: bool, pitch32: bool, stages: u32) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
             NUM_PER_TOKENS,
@@ -412,6 +435,7 @@ mod gpu {
         // measured up to 1 % faster.
         .define("TK_GATHER32", (input == 2 && !round_sf) as u8)
         .define("TK_PCF_PITCH32", pitch32 as u8)
+        .define("TK_PCF_STAGES", stages)
     }
 
     /// The specialisations the tests and benchmarks launch, plus the u64-address form of e4m3
@@ -420,9 +444,15 @@ mod gpu {
         let mut v = Vec::new();
         for input in [0, 1, 2] {
             for round in [false, true] {
-                v.push(spec(input, round, true, input == 2));
-                if input == 2 {
-                    v.push(spec(input, round, true, false));
+                for gathered in [false, true] {
+                    let st = stages(input, gathered);
+                    if gathered && st == 0 {
+                        continue; // the same specialisation as without the gather
+                    }
+                    v.push(spec(input, round, true, input == 2, st));
+                    if input == 2 {
+                        v.push(spec(input, round, true, false, st));
+                    }
                 }
             }
         }
@@ -498,6 +528,7 @@ mod gpu {
         let (plan, args, align) = prepare(x, pos_to_token, params)?;
         let input = input_code(x);
         let pitch32 = pitch32(input, &args);
+        let stages = stages(input, pos_to_token.is_some());
         launch_per_channel(
             device(x),
             &plan,
@@ -506,7 +537,7 @@ mod gpu {
             args,
             &align,
             (out, out_sf),
-            |vec| spec(input, params.round_sf, vec, pitch32),
+            |vec| spec(input, params.round_sf, vec, pitch32, stages),
         )
     }
 
@@ -525,5 +556,137 @@ mod gpu {
         let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
         per_channel_cast_fused_into(x, pos_to_token, params, &mut d.view_mut(), &mut s)?;
         Ok((d, s))
+    }
+}
+
+/// CPU models of the staged e4m3 pipeline of `cuda/per_channel_cast_fused.cu`
+/// (`TK_PCF_STAGES`: `GatherSrc::issue` / `land` and `pc::tile_kernel`'s slot schedule).
+#[cfg(test)]
+mod staging_model {
+    /// Rows, bytes (e4m3 columns) and threads of a tile.
+    const TR: usize = 128;
+    const TC: usize = 64;
+    const THREADS: usize = 256;
+
+    /// The slot row of tile row `4 rg + i` (row groups with `rg` odd swap each pair of rows).
+    fn slot_row(rg: usize, i: usize) -> usize {
+        4 * rg + (i ^ (rg % 2))
+    }
+
+    /// The copy map (thread `t`: row group `rg = t / 8`, lane `lx = t % 8` copies tile row
+    /// `4 rg + lx / 2`, bytes `32 (lx % 2) .. + 32`, as two 16-byte chunks, and with `lx` even
+    /// that row's scale) and the read map (thread `t` reads its 4 rows' 8 bytes at `8 lx` with
+    /// one LDS.64 per row, and the 4 scales at `4 rg` with one LDS.128) agree: every slot byte
+    /// and scale is written once, holds what its readers expect, and was copied by a lane of
+    /// the reader's warp (so `wait_group` + `__syncwarp` suffice); the chunks are 16-byte
+    /// aligned on both sides; each half warp's LDS.64 of a row hits 32 distinct banks.
+    #[test]
+    fn copy_and_read_maps() {
+        // (row, byte) of the tile each slot byte holds, and the warp that copied it
+        let mut slot = vec![None; TR * TC];
+        let mut scale = vec![None; TR];
+        for t in 0..THREADS {
+            let (rg, lx, warp) = (t / 8, t % 8, t / 32);
+            let ri = lx / 2;
+            for h in 0..2 {
+                let (col, a) = (
+                    32 * (lx % 2) + 16 * h,
+                    slot_row(rg, ri) * TC + 32 * (lx % 2) + 16 * h,
+                );
+                assert_eq!((col % 16, a % 16), (0, 0), "16-byte chunks");
+                for u in 0..16 {
+                    assert!(slot[a + u].is_none(), "slot byte {} written twice", a + u);
+                    slot[a + u] = Some((4 * rg + ri, col + u, warp));
+                }
+            }
+            if lx % 2 == 0 {
+                assert!(scale[4 * rg + ri].is_none());
+                scale[4 * rg + ri] = Some((4 * rg + ri, warp));
+            }
+        }
+        assert!(slot.iter().all(Option::is_some) && scale.iter().all(Option::is_some));
+        for t in 0..THREADS {
+            let (rg, lx, warp) = (t / 8, t % 8, t / 32);
+            for i in 0..4 {
+                for b in 0..8 {
+                    let a = slot_row(rg, i) * TC + 8 * lx + b;
+                    assert_eq!(
+                        slot[a],
+                        Some((4 * rg + i, 8 * lx + b, warp)),
+                        "thread {t} row {i} byte {b}"
+                    );
+                }
+                assert_eq!(scale[4 * rg + i], Some((4 * rg + i, warp)));
+            }
+        }
+        for warp in 0..8 {
+            for i in 0..4 {
+                for half in 0..2 {
+                    let mut banks = [false; 32];
+                    for lane in 16 * half..16 * half + 16 {
+                        let t = 32 * warp + lane;
+                        let a = slot_row(t / 8, i) * TC + 8 * (t % 8);
+                        for bank in [a / 4 % 32, a / 4 % 32 + 1] {
+                            assert!(
+                                !banks[bank],
+                                "warp {warp} row {i} half {half}: bank {bank} twice"
+                            );
+                            banks[bank] = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `pc::tile_kernel`'s schedule with `S` slots for a CTA of `live` tiles (runs of 4, the
+    /// last run possibly cut by the row tiles): S - 1 groups in the prologue (tiles 0 .. S - 2,
+    /// empty past `live`), at tile n the group of tile n + S - 1 into slot (n + S - 1) % S,
+    /// then `wait_group S - 1`. Tile n's group is complete when it is read, and a slot is
+    /// overwritten only after the tile that held it was read at an earlier tile (whose two
+    /// barriers order the reads before the copies).
+    #[test]
+    fn slot_schedule() {
+        for s in 2..=4usize {
+            for live in 1..=4usize {
+                let mut groups: Vec<Option<usize>> = Vec::new(); // committed groups: the tile copied, if any
+                let mut holder: Vec<Option<(usize, Option<usize>)>> = vec![None; s]; // slot: (tile, tile n that read it)
+                let issue =
+                    |k: usize,
+                     n: Option<usize>,
+                     groups: &mut Vec<Option<usize>>,
+                     holder: &mut Vec<Option<(usize, Option<usize>)>>| {
+                        if k < live {
+                            if let Some((old, read)) = holder[k % s] {
+                                let read = read.unwrap_or_else(|| {
+                                    panic!("S={s}: tile {old} overwritten unread")
+                                });
+                                assert!(
+                                    read < n.expect("prologue slots are fresh"),
+                                    "S={s}: slot reused too early"
+                                );
+                            }
+                            holder[k % s] = Some((k, None));
+                            groups.push(Some(k));
+                        } else {
+                            groups.push(None);
+                        }
+                    };
+                for k in 0..s - 1 {
+                    issue(k, None, &mut groups, &mut holder);
+                }
+                for n in 0..live {
+                    issue(n + s - 1, Some(n), &mut groups, &mut holder);
+                    let complete = groups.len() - (s - 1); // wait_group S - 1
+                    assert!(
+                        groups[..complete].contains(&Some(n)),
+                        "S={s} live={live}: tile {n} not landed"
+                    );
+                    let (tile, read) = holder[n % s].as_mut().unwrap();
+                    assert_eq!((*tile, *read), (n, None));
+                    *read = Some(n);
+                }
+            }
+        }
     }
 }
