@@ -393,11 +393,13 @@ mod gpu {
     /// PERF.md): large problems (at least 16 blocks per SM) keep 128-byte output row pieces with
     /// `e` bands (every thread moves 64 bytes); mid-sized ones take 4 bands of the tallest piece
     /// (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
-    /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block, unless their last
-    /// tile along y is padded more than the large tiling's (576-wide rows: bf16 1152 -> 1536
-    /// bytes with 4 bands, 1280 with 2; e4m3 576 -> 1024 with 4 bands, 640 with 1), where they
-    /// keep the large tiling (H200, session 11: 4032x576 bf16 4.37 -> 4.22 µs, 8064x576 e4m3
-    /// 4.62 -> 4.45 µs); smaller ones 64-byte pieces in one band.
+    /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block, except where they
+    /// give fewer than 2 blocks per SM and pad the last tile along y more than the large tiling
+    /// (576-wide rows: bf16 1152 -> 1536 bytes with 4 bands, 1280 with 2; e4m3 576 -> 1024 with
+    /// 4 bands, 640 with 1): those keep the large tiling (H200, session 11: 4032x576 bf16, 189
+    /// wide blocks, 4.37 -> 4.22 µs; 8064x576 e4m3, 252, 4.62 -> 4.45 µs; but 8064x576 bf16,
+    /// 378 wide blocks, 6.53 -> 6.74 µs, so it stays wide); smaller ones 64-byte pieces in one
+    /// band.
     fn pick_tiling(g: &Geometry, e: usize, sms: usize) -> Tiling {
         let blocks = |t: &Tiling| {
             let (nx, ny) = tile_counts(g, e, t);
@@ -413,10 +415,12 @@ mod gpu {
         let padded = |t: &Tiling| g.y.div_ceil(t.cols(e)) * t.cols(e);
         if blocks(&large) >= 16 * sms {
             large
-        } else if blocks(&wide) >= sms && padded(&wide) <= padded(&large) {
-            wide
         } else if blocks(&wide) >= sms {
-            large
+            if blocks(&wide) < 2 * sms && padded(&wide) > padded(&large) {
+                large
+            } else {
+                wide
+            }
         } else {
             Tiling {
                 rows: Tiling::ROW_BYTES[1] / e,
@@ -552,9 +556,10 @@ mod gpu {
             // Mid-sized: 4 bands of 64-byte (e4m3) or 128-byte (bf16) pieces.
             assert_eq!(pick_tiling(&g(4032, 2048), 1, 132), wide(1));
             assert_eq!(pick_tiling(&g(4032, 3072), 1, 132), wide(1));
-            // ... unless 4 bands pad the last tile more (576-wide rows).
+            // ... unless 4 bands pad the last tile more with < 2 blocks per SM (576-wide rows).
             assert_eq!(pick_tiling(&g(4032, 576), 2, 132), Tiling::new(2, 128));
             assert_eq!(pick_tiling(&g(8064, 576), 1, 132), Tiling::new(1, 128));
+            assert_eq!(pick_tiling(&g(8064, 576), 2, 132), wide(2));
             assert_eq!(pick_tiling(&g(4032, 2560), 2, 132), wide(2));
             // 4032 x 576 e4m3 has 126 wide tiles for 132 SMs: one band.
             assert_eq!(pick_tiling(&g(4032, 576), 1, 132), narrow(1));
