@@ -167,19 +167,38 @@ impl Rng {
 /// elements uses the stream seeded `seed + k`, so the result depends only on `seed`). For
 /// large bit-copy tests, where every bit pattern is a valid input.
 pub fn par_random_bits<T: Element>(shape: &[usize], seed: u64) -> HostTensor<T> {
+    par_fill(shape, seed, |rng| T::from_bits_u64(rng.next_u64()))
+}
+
+/// A host tensor of standard normals converted with `conv` (`torch.randn(shape).to(dtype)`, the
+/// spec's benchmark data), generated on all cores like [`par_random_bits`].
+pub fn par_randn<T: Element>(
+    shape: &[usize],
+    seed: u64,
+    conv: impl Fn(f32) -> T + Sync,
+) -> HostTensor<T> {
+    par_fill(shape, seed, |rng| conv(rng.normal()))
+}
+
+/// A host tensor whose elements are `gen` of a per-chunk stream: chunk `k` of 1 Mi elements
+/// uses the stream seeded `seed + k`, so the result depends only on `seed`.
+fn par_fill<T: Element>(
+    shape: &[usize],
+    seed: u64,
+    gen: impl Fn(&mut Rng) -> T + Sync,
+) -> HostTensor<T> {
     const CHUNK: usize = 1 << 20;
     let n: usize = shape.iter().product();
     let mut data = vec![T::default(); n];
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     let per_thread = n.div_ceil(CHUNK).div_ceil(threads).max(1) * CHUNK;
+    let gen = &gen;
     std::thread::scope(|s| {
         for (t, part) in data.chunks_mut(per_thread).enumerate() {
             s.spawn(move || {
                 for (k, chunk) in part.chunks_mut(CHUNK).enumerate() {
                     let mut rng = Rng::new(seed.wrapping_add((t * per_thread / CHUNK + k) as u64));
-                    chunk
-                        .iter_mut()
-                        .for_each(|e| *e = T::from_bits_u64(rng.next_u64()));
+                    chunk.iter_mut().for_each(|e| *e = gen(&mut rng));
                 }
             });
         }

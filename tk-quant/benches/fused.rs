@@ -15,7 +15,7 @@
 
 use half::bf16;
 use tk_core::bench::Bench;
-use tk_core::testing::{generate_hidden_sizes, Rng};
+use tk_core::testing::{generate_hidden_sizes, par_randn, Rng};
 use tk_core::{Device, DeviceTensor, HostTensor, Result};
 use tk_moe::get_fused_mapping::{FusedRows, GetFusedMappingParams};
 use tk_moe::reference::{get_fused_mapping, FusedMapping};
@@ -100,23 +100,6 @@ const UPSTREAM: &[(&str, &str, f64)] = &[
     ("per_channel_cast_fused", "plain K=7168 bf16 round", 25.1),
 ];
 
-/// `n` standard normals rounded to bf16, generated on all host cores.
-fn randn_bf16(n: usize, seed: u64) -> Vec<bf16> {
-    let mut v = vec![bf16::ZERO; n];
-    let chunk = n.div_ceil(16).max(1 << 16);
-    std::thread::scope(|s| {
-        for (i, c) in v.chunks_mut(chunk).enumerate() {
-            s.spawn(move || {
-                let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                for x in c {
-                    *x = bf16::from_f32(rng.normal());
-                }
-            });
-        }
-    });
-    v
-}
-
 /// A device buffer of `rows × cols` bf16 normals, with `(r, c)` views of its first rows.
 struct Normals {
     t: DeviceTensor<bf16>,
@@ -124,7 +107,7 @@ struct Normals {
 
 impl Normals {
     fn new(dev: &Device, len: usize, seed: u64) -> Result<Self> {
-        let h = HostTensor::from_vec(randn_bf16(len, seed), &[len])?;
+        let h = par_randn(&[len], seed, bf16::from_f32);
         Ok(Self { t: dev.upload(&h)? })
     }
 
