@@ -26,6 +26,17 @@
 #ifndef TK_PCF_STAGES
 #error "TK_PCF_STAGES (0, or 2..4 staged slots) must be defined"
 #endif
+// Knobs (session 12, not yet measured on the H200; 0 = the measured code): TK_PCF_SC256 1: the
+// staged input-scale copies also take the `.L2::256B` hint (a row's K/128 scales are one run of
+// fp32); TK_PCF_COPY_SECTORS 1: a lane pair's two 16-byte copies interleaved so each copy
+// instruction fills whole 32-byte sectors (session 11's map, measured 2.7 % slower without the
+// hint).
+#ifndef TK_PCF_SC256
+#define TK_PCF_SC256 0
+#endif
+#ifndef TK_PCF_COPY_SECTORS
+#define TK_PCF_COPY_SECTORS 0
+#endif
 // Staged only for e4m3 runs with 16-byte aligned rows (16-byte asynchronous copies).
 #define TK_PC_STAGED (TK_IN == 2 && TK_PC_RUN > 1 && TK_VECIO && TK_PCF_STAGES > 1)
 #include "tk/per_channel.cuh"
@@ -165,18 +176,27 @@ struct GatherSrc {
         }
         const bool ok = csrc != ABSENT;
         const u32 s = ok ? csrc : 0u, nx = ok ? 16u : 0u, ns = ok ? 4u : 0u;  // source row (absent: row 0, not read), bytes read
-        const u64 c = u64{tc} * pc::TC + 32 * (lx % 2);                         // first column of this lane's 32 bytes
+#if TK_PCF_COPY_SECTORS
+        const u32 o0 = 16 * (lx % 2), d1 = 32;  // this lane's chunks: bytes o0 and o0 + d1 of the row's 64
+#else
+        const u32 o0 = 32 * (lx % 2), d1 = 16;  // this lane's chunks: bytes o0 and o0 + d1 of the row's 64
+#endif
+        const u64 c = u64{tc} * pc::TC + o0;  // column of this lane's first chunk
 #if TK_PCF_PITCH32
         const u64 gx = mad_wide(s, (u32)p.ldx, p.x + c), gs = mad_wide(s, (u32)(p.xs_ld * 4), p.xs + c / 128 * 4);  // addresses: (32,) codes, scale
 #else
         const u64 gx = p.x + u64{s} * p.ldx + c, gs = p.xs + (u64{s} * p.xs_ld + c / 128) * 4;  // addresses: (32,) codes, scale
 #endif
-        const u32 dx = (u32)__cvta_generic_to_shared(&pcf_stage_x[slot][rg * pc::RPT + (ri ^ (rg % 2))][32 * (lx % 2)]);  // (32,) slot bytes
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dx), "l"(gx), "r"(nx) : "memory");
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dx + 16), "l"(gx + 16), "r"(nx) : "memory");
+        const u32 dx = (u32)__cvta_generic_to_shared(&pcf_stage_x[slot][rg * pc::RPT + (ri ^ (rg % 2))][o0]);  // (16,) slot bytes of the first chunk
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dx), "l"(gx), "r"(nx) : "memory");
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dx + d1), "l"(gx + d1), "r"(nx) : "memory");
         if (lx % 2 == 0) {
             const u32 ds = (u32)__cvta_generic_to_shared(&pcf_stage_s[slot][rg * pc::RPT + ri]);  // (1,) slot scale
+#if TK_PCF_SC256
+            asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 4, %2;" ::"r"(ds), "l"(gs), "r"(ns) : "memory");
+#else
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(ds), "l"(gs), "r"(ns) : "memory");
+#endif
         }
     }
 

@@ -391,6 +391,9 @@ mod gpu {
         input == 2 && args.ldx <= u32::MAX as u64 && args.xs_ld < 1 << 30
     }
 
+    /// Knob (session 12, not yet measured): plain (ungathered) e4m3 rows staged too.
+    const STAGE_PLAIN: bool = false;
+
     /// Slots of the staged e4m3 pipeline of the kernel for gathered rows (`TK_PCF_STAGES`):
     /// a run's 4 tiles in flight through shared memory from its first tile on.
     const GATHER_STAGES: u32 = 4;
@@ -405,7 +408,7 @@ mod gpu {
     /// so they keep the registers. Asking for the largest carveout (4 CTAs per SM) made the
     /// staged kernel 5-6 % slower than the default on the gathered rows.
     fn stages(input: u8, gathered: bool) -> u32 {
-        if input == 2 && gathered {
+        if input == 2 && (gathered || STAGE_PLAIN) {
             GATHER_STAGES
         } else {
             0
