@@ -17,25 +17,16 @@
 #define TK_PC_ROWS32 (TK_IN == 2)
 #define TK_PC_NO_END_BARRIER (TK_IN == 2)
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets 4
-// for gathered rows: a run's 4 tiles all in flight from its first tile on), or 0: the next
-// tile's 12 raw words prefetched into registers (the host's choice for plain rows). Why the
-// staging: with 4 CTAs x 8 KiB of reads in flight per SM the gathered e4m3 + fp32 scales rows
-// ran at 61-72 % of the copy ceiling; the staged copies put S - 1 tiles (8.5 KiB each) per CTA
-// in flight without registers (GatherSrc::issue). H200 (session 11, tk-quant/PERF.md): gathered
-// K=6 rows 2-13 % faster, plain rows from -8 % to +10 %.
+// for e4m3 input: a run's 4 tiles all in flight from its first tile on), or 0: the next tile's
+// 12 raw words prefetched into registers (fp32 / bf16 input, which has no runs, and e4m3 rows
+// without 16-byte alignment). Why the staging: with 4 CTAs x 8 KiB of reads in flight per SM the
+// gathered e4m3 + fp32 scales rows ran at 61-72 % of the copy ceiling; the staged copies put
+// S - 1 tiles (8.5 KiB each) per CTA in flight without registers (GatherSrc::issue), each with
+// the `.L2::256B` hint. H200 (tk-quant/PERF.md): session 11, gathered K=6 rows 2-13 % faster;
+// session 12, the hint another 4.5-9 % on them, and with it plain rows staged too (K=6144
+// 9-10 %, K=7168 2 % faster than the register prefetch).
 #ifndef TK_PCF_STAGES
 #error "TK_PCF_STAGES (0, or 2..4 staged slots) must be defined"
-#endif
-// Knobs (session 12, not yet measured on the H200; 0 = the measured code): TK_PCF_SC256 1: the
-// staged input-scale copies also take the `.L2::256B` hint (a row's K/128 scales are one run of
-// fp32); TK_PCF_COPY_SECTORS 1: a lane pair's two 16-byte copies interleaved so each copy
-// instruction fills whole 32-byte sectors (session 11's map, measured 2.7 % slower without the
-// hint).
-#ifndef TK_PCF_SC256
-#define TK_PCF_SC256 0
-#endif
-#ifndef TK_PCF_COPY_SECTORS
-#define TK_PCF_COPY_SECTORS 0
 #endif
 // Staged only for e4m3 runs with 16-byte aligned rows (16-byte asynchronous copies).
 #define TK_PC_STAGED (TK_IN == 2 && TK_PC_RUN > 1 && TK_VECIO && TK_PCF_STAGES > 1)
@@ -156,7 +147,12 @@ struct GatherSrc {
 #if TK_PC_STAGED
     // Staged (TK_PC_STAGED): the copies of a tile go to shared memory, issued STAGES - 1 tiles
     // ahead by tile_kernel. Copy map: the 8 lanes of row group rg copy its 4 rows, lane lx row
-    // 4 rg + lx / 2, bytes 32 (lx % 2) .. + 32 of the tile's 64 (two 16-byte cp.async.cg), and
+    // 4 rg + lx / 2, bytes 32 (lx % 2) .. + 32 of the tile's 64 (two 16-byte cp.async.cg with
+    // `.L2::256B`: L2 fetches the aligned 256 bytes around each copy, i.e. the row's piece of the
+    // whole run of 4 tiles (64 bytes each) with the run's first copy; H200, session 12: gathered
+    // K=6 rows 4.5-9 % faster than without the hint; the same hint on the 4-byte scale copies
+    // measured neutral, and copies that fill whole 32-byte sectors per instruction 1-3 % slower),
+    // and
     // the even lanes the row's input scale (4-byte cp.async.ca); absent rows are zero-filled
     // (source size 0: nothing read; codes +0 times scale +0 = +0, as the register path's
     // +0 times 1). So a lane needs one source row (csrc), and a warp reads only what its own
@@ -176,27 +172,18 @@ struct GatherSrc {
         }
         const bool ok = csrc != ABSENT;
         const u32 s = ok ? csrc : 0u, nx = ok ? 16u : 0u, ns = ok ? 4u : 0u;  // source row (absent: row 0, not read), bytes read
-#if TK_PCF_COPY_SECTORS
-        const u32 o0 = 16 * (lx % 2), d1 = 32;  // this lane's chunks: bytes o0 and o0 + d1 of the row's 64
-#else
-        const u32 o0 = 32 * (lx % 2), d1 = 16;  // this lane's chunks: bytes o0 and o0 + d1 of the row's 64
-#endif
-        const u64 c = u64{tc} * pc::TC + o0;  // column of this lane's first chunk
+        const u64 c = u64{tc} * pc::TC + 32 * (lx % 2);                         // first column of this lane's 32 bytes
 #if TK_PCF_PITCH32
         const u64 gx = mad_wide(s, (u32)p.ldx, p.x + c), gs = mad_wide(s, (u32)(p.xs_ld * 4), p.xs + c / 128 * 4);  // addresses: (32,) codes, scale
 #else
         const u64 gx = p.x + u64{s} * p.ldx + c, gs = p.xs + (u64{s} * p.xs_ld + c / 128) * 4;  // addresses: (32,) codes, scale
 #endif
-        const u32 dx = (u32)__cvta_generic_to_shared(&pcf_stage_x[slot][rg * pc::RPT + (ri ^ (rg % 2))][o0]);  // (16,) slot bytes of the first chunk
+        const u32 dx = (u32)__cvta_generic_to_shared(&pcf_stage_x[slot][rg * pc::RPT + (ri ^ (rg % 2))][32 * (lx % 2)]);  // (32,) slot bytes
         asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dx), "l"(gx), "r"(nx) : "memory");
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dx + d1), "l"(gx + d1), "r"(nx) : "memory");
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dx + 16), "l"(gx + 16), "r"(nx) : "memory");
         if (lx % 2 == 0) {
             const u32 ds = (u32)__cvta_generic_to_shared(&pcf_stage_s[slot][rg * pc::RPT + ri]);  // (1,) slot scale
-#if TK_PCF_SC256
-            asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 4, %2;" ::"r"(ds), "l"(gs), "r"(ns) : "memory");
-#else
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(ds), "l"(gs), "r"(ns) : "memory");
-#endif
         }
     }
 
