@@ -17,14 +17,14 @@
 #define TK_PC_ROWS32 (TK_IN == 2)
 #define TK_PC_NO_END_BARRIER (TK_IN == 2)
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets 4
-// for e4m3 input: a run's 4 tiles all in flight from its first tile on), or 0: the next tile's
-// 12 raw words prefetched into registers (fp32 / bf16 input, which has no runs, and e4m3 rows
-// without 16-byte alignment). Why the staging: with 4 CTAs x 8 KiB of reads in flight per SM the
-// gathered e4m3 + fp32 scales rows ran at 61-72 % of the copy ceiling; the staged copies put
-// S - 1 tiles (8.5 KiB each) per CTA in flight without registers (GatherSrc::issue), each with
-// the `.L2::256B` hint. H200 (tk-quant/PERF.md): session 11, gathered K=6 rows 2-13 % faster;
-// session 12, the hint another 4.5-9 % on them, and with it plain rows staged too (K=6144
-// 9-10 %, K=7168 2 % faster than the register prefetch).
+// for gathered rows: a run's 4 tiles all in flight from its first tile on), or 0: the next
+// tile's 12 raw words prefetched into registers (the host's choice for plain rows). Why the
+// staging: with 4 CTAs x 8 KiB of reads in flight per SM the gathered e4m3 + fp32 scales rows
+// ran at 61-72 % of the copy ceiling; the staged copies put S - 1 tiles (8.5 KiB each) per CTA
+// in flight without registers (GatherSrc::issue), each with the `.L2::256B` hint. H200
+// (tk-quant/PERF.md): session 11, gathered K=6 rows 2-13 % faster, plain rows from -8 % to
+// +10 %; session 12, the hint another 4.5-9 % on the gathered rows (plain rows staged with it:
+// still from -10 % to +10 %).
 #ifndef TK_PCF_STAGES
 #error "TK_PCF_STAGES (0, or 2..4 staged slots) must be defined"
 #endif

@@ -295,9 +295,9 @@ pub use gpu::*;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
 /// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
 /// source rows looked up once per run, and has the run's next tiles in flight while casting the
-/// current one: through asynchronous copies into shared memory (all 4 tiles of the run from its
-/// first tile on; rows without 16-byte alignment: the next tile's raw words in registers);
-/// fp32 / bf16 input takes one CTA per tile. No host synchronisation.
+/// current one: gathered rows (`pos_to_token` given) through asynchronous copies into shared
+/// memory (all 4 tiles of the run from its first tile on), plain rows as the next tile's raw
+/// words in registers; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -391,31 +391,32 @@ mod gpu {
         input == 2 && args.ldx <= u32::MAX as u64 && args.xs_ld < 1 << 30
     }
 
-    /// Slots of the staged e4m3 pipeline of the kernel (`TK_PCF_STAGES`): a run's 4 tiles in
-    /// flight through shared memory from its first tile on. 3 slots measured 0.5 % slower on
-    /// the gathered rows (session 12, with the `.L2::256B` copies), 2-3 slots 1-6 % slower in
-    /// session 11.
-    const E4M3_STAGES: u32 = 4;
+    /// Slots of the staged e4m3 pipeline of the kernel for gathered rows (`TK_PCF_STAGES`):
+    /// a run's 4 tiles in flight through shared memory from its first tile on.
+    const GATHER_STAGES: u32 = 4;
 
-    /// `TK_PCF_STAGES` for input `input`: [`E4M3_STAGES`] for e4m3 input, else 0 (fp32 / bf16
-    /// input has no runs; the kernel keeps the register prefetch for e4m3 rows without 16-byte
-    /// alignment). H200, staged (with the driver's default shared-memory carveout) against the
-    /// register prefetch (tk-quant/PERF.md): session 11, gathered K=6 rows K=7168 116.8-126.5 ->
-    /// 106.8-112.5 µs, K=4096 72.5 -> 66.1, K=2048 36.1 -> 35.7, but plain rows (N = 4096,
-    /// contiguous) mixed (-9.7 % .. +6.7 %); session 12, with the `.L2::256B` hint on the
-    /// staged copies (gathered K=7168 rows another 5-9 % faster), plain rows staged: K=6144
-    /// 22.1 -> 20.0 µs, K=7168 23.3 -> 22.8, K=2048-4096 within ±1.5 % (2 interleaved
-    /// rounds). Asking for the largest carveout (4 CTAs per SM) made the staged kernel 5-6 %
-    /// slower than the default on the gathered rows (session 11).
-    fn stages(input: u8) -> u32 {
-        if input == 2 {
-            E4M3_STAGES
+    /// `TK_PCF_STAGES` for input `input` with or without a row gather (`pos_to_token`):
+    /// [`GATHER_STAGES`] for gathered e4m3 rows, else 0 (the next tile's raw words prefetched
+    /// into registers). H200 (session 11, 2 interleaved rounds, tk-quant/PERF.md), staged
+    /// (with the driver's default shared-memory carveout) against the register prefetch:
+    /// gathered K=6 rows K=7168 116.8-126.5 -> 106.8-112.5 µs (8.6-11.1 % less time), K=4096
+    /// 72.5 -> 66.1 (8.8 %), K=2048 36.1 -> 35.7 (1.1 %); plain rows (N = 4096, contiguous)
+    /// mixed: K=2048 -9.7 %, K=6144 -7.6 %, but K=3072 +6.7 %, K=4096 +5.0 %, K=7168 +1.6 %,
+    /// so they keep the registers. Asking for the largest carveout (4 CTAs per SM) made the
+    /// staged kernel 5-6 % slower than the default on the gathered rows. Session 12, with the
+    /// `.L2::256B` hint on the staged copies (gathered K=7168 rows another 5-9 % faster): plain
+    /// rows staged still mixed (2 runs): K=6144 22.0 -> 20.1 µs and K=7168 23.2 -> 22.9, but
+    /// K=2560 10.1 -> 11.1, K=3072 11.3 -> 11.7, K=4096 14.3 -> 14.6 (grids of fewer CTAs than
+    /// one wave); they keep the registers.
+    fn stages(input: u8, gathered: bool) -> u32 {
+        if input == 2 && gathered {
+            GATHER_STAGES
         } else {
             0
         }
     }
 
-    fn spec(input: u8, round_sf: bool, vecio: bool, pitch32: bool) -> KernelSpec {
+    fn spec(input: u8, round_sf: bool, vecio: bool, pitch32: bool, stages: u32) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
             NUM_PER_TOKENS,
@@ -438,7 +439,7 @@ mod gpu {
         // measured up to 1 % faster.
         .define("TK_GATHER32", (input == 2 && !round_sf) as u8)
         .define("TK_PCF_PITCH32", pitch32 as u8)
-        .define("TK_PCF_STAGES", stages(input))
+        .define("TK_PCF_STAGES", stages)
     }
 
     /// The specialisations the tests and benchmarks launch, plus the u64-address form of e4m3
@@ -447,9 +448,15 @@ mod gpu {
         let mut v = Vec::new();
         for input in [0, 1, 2] {
             for round in [false, true] {
-                v.push(spec(input, round, true, input == 2));
-                if input == 2 {
-                    v.push(spec(input, round, true, false));
+                for gathered in [false, true] {
+                    let st = stages(input, gathered);
+                    if gathered && st == 0 {
+                        continue; // the same specialisation as without the gather
+                    }
+                    v.push(spec(input, round, true, input == 2, st));
+                    if input == 2 {
+                        v.push(spec(input, round, true, false, st));
+                    }
                 }
             }
         }
@@ -525,6 +532,7 @@ mod gpu {
         let (plan, args, align) = prepare(x, pos_to_token, params)?;
         let input = input_code(x);
         let pitch32 = pitch32(input, &args);
+        let stages = stages(input, pos_to_token.is_some());
         launch_per_channel(
             device(x),
             &plan,
@@ -533,7 +541,7 @@ mod gpu {
             args,
             &align,
             (out, out_sf),
-            |vec| spec(input, params.round_sf, vec, pitch32),
+            |vec| spec(input, params.round_sf, vec, pitch32, stages),
         )
     }
 
