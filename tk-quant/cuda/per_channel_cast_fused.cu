@@ -152,8 +152,7 @@ struct GatherSrc {
     // whole run of 4 tiles (64 bytes each) with the run's first copy; H200, session 12: gathered
     // K=6 rows 4.5-9 % faster than without the hint; the same hint on the 4-byte scale copies
     // measured neutral, and copies that fill whole 32-byte sectors per instruction 1-3 % slower),
-    // and
-    // the even lanes the row's input scale (4-byte cp.async.ca); absent rows are zero-filled
+    // and the even lanes the row's input scale (4-byte cp.async.ca); absent rows are zero-filled
     // (source size 0: nothing read; codes +0 times scale +0 = +0, as the register path's
     // +0 times 1). So a lane needs one source row (csrc), and a warp reads only what its own
     // lanes copied (wait_group, then __syncwarp; no CTA barrier). Slot reuse (tile n + S - 1
