@@ -102,19 +102,22 @@ struct GatherSrc {
         float sc[pc::RPT];      // (rows,) input scale (fused cast back), 1 for absent rows
     };
 
+    // The source row of output row r: pos_to_token[r] (r itself without a map), or ABSENT for
+    // a row past M, a negative entry or one >= N_in (one map load).
+    static __device__ __forceinline__ u32 source_row(const Params& p, Row r) {
+        const Row m = (Row)p.m;
+        i32 s = (i32)r;
+        if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
+        return r < m && s >= 0 && (Row)s < (Row)p.n_in ? (u32)s : ABSENT;
+    }
+
     // The raw words (and scales) of output rows r0 .. r0 + RPT - 1, columns c0 .. c0 + 8.
     __device__ __forceinline__ void fetch(const Params& p, u64 r0, u64 c0, Raw& raw) {
-        const Row m = (Row)p.m, n_in = (Row)p.n_in;
         // A new row tile (always the first time; every tile without runs, where nothing is kept).
         if (TK_PC_RUN == 1 || (u32)r0 != rows_of) {
             rows_of = (u32)r0;
 #pragma unroll
-            for (int i = 0; i < pc::RPT; ++i) {
-                const Row r = (Row)r0 + i;
-                i32 s = (i32)r;
-                if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
-                src[i] = r < m && s >= 0 && (Row)s < n_in ? (u32)s : ABSENT;
-            }
+            for (int i = 0; i < pc::RPT; ++i) src[i] = source_row(p, (Row)r0 + i);
         }
 #if TK_PCF_PITCH32
         // Column c0 of source row 0 (xb, sb), then one 32x32 -> 64-bit multiply-add per row
@@ -164,10 +167,7 @@ struct GatherSrc {
         const u32 lx = threadIdx.x % pc::LX, rg = threadIdx.x / pc::LX, ri = lx / 2;  // ri: the copied row, of rg's 4
         if (tr != rows_of) {  // a new row tile: this lane's source row (map load, checks) once per row tile
             rows_of = tr;
-            const Row m = (Row)p.m, n_in = (Row)p.n_in, r = (Row)tr * pc::TR + rg * pc::RPT + ri;
-            i32 s = (i32)r;
-            if (p.map && r < m) s = reinterpret_cast<const i32*>(p.map)[u64{r} * p.map_s];
-            csrc = r < m && s >= 0 && (Row)s < n_in ? (u32)s : ABSENT;
+            csrc = source_row(p, (Row)tr * pc::TR + rg * pc::RPT + ri);
         }
         const bool ok = csrc != ABSENT;
         const u32 s = ok ? csrc : 0u, nx = ok ? 16u : 0u, ns = ok ? 4u : 0u;  // source row (absent: row 0, not read), bytes read
