@@ -17,14 +17,15 @@
 #define TK_PC_ROWS32 (TK_IN == 2)
 #define TK_PC_NO_END_BARRIER (TK_IN == 2)
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets 4
-// for gathered rows: a run's 4 tiles all in flight from its first tile on), or 0: the next
-// tile's 12 raw words prefetched into registers (the host's choice for plain rows). Why the
-// staging: with 4 CTAs x 8 KiB of reads in flight per SM the gathered e4m3 + fp32 scales rows
-// ran at 61-72 % of the copy ceiling; the staged copies put S - 1 tiles (8.5 KiB each) per CTA
-// in flight without registers (GatherSrc::issue), each with the `.L2::256B` hint. H200
-// (tk-quant/PERF.md): session 11, gathered K=6 rows 2-13 % faster, plain rows from -8 % to
-// +10 %; session 12, the hint another 4.5-9 % on the gathered rows (plain rows staged with it:
-// still from -10 % to +10 %).
+// for gathered rows and for plain grids of at least one wave of CTAs: a run's 4 tiles all in
+// flight from its first tile on), or 0: the next tile's 12 raw words prefetched into registers
+// (the host's choice for smaller plain grids). Why the staging: with 4 CTAs x 8 KiB of reads in
+// flight per SM the gathered e4m3 + fp32 scales rows ran at 61-72 % of the copy ceiling; the
+// staged copies put S - 1 tiles (8.5 KiB each) per CTA in flight without registers
+// (GatherSrc::issue), each with the `.L2::256B` hint. H200 (tk-quant/PERF.md): session 11,
+// gathered K=6 rows 2-13 % faster; session 12, the hint another 4.5-9 % on the gathered rows;
+// plain rows staged 9 % faster (K=6144) to 1.5 % (K=7168) in grids over one wave, up to 10 %
+// slower in grids under it (sessions 12 and 14).
 #ifndef TK_PCF_STAGES
 #error "TK_PCF_STAGES (0, or 2..4 staged slots) must be defined"
 #endif

@@ -296,8 +296,9 @@ pub use gpu::*;
 /// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
 /// source rows looked up once per run, and has the run's next tiles in flight while casting the
 /// current one: gathered rows (`pos_to_token` given) through asynchronous copies into shared
-/// memory (all 4 tiles of the run from its first tile on), plain rows as the next tile's raw
-/// words in registers; fp32 / bf16 input takes one CTA per tile. No host synchronisation.
+/// memory (all 4 tiles of the run from its first tile on), as are plain rows whose grid of
+/// runs fills the device's resident CTAs at least once; smaller plain grids keep the next
+/// tile's raw words in registers. fp32 / bf16 input takes one CTA per tile. No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -395,21 +396,23 @@ mod gpu {
     /// a run's 4 tiles in flight through shared memory from its first tile on.
     const GATHER_STAGES: u32 = 4;
 
-    /// `TK_PCF_STAGES` for input `input` with or without a row gather (`pos_to_token`):
-    /// [`GATHER_STAGES`] for gathered e4m3 rows, else 0 (the next tile's raw words prefetched
+    /// `TK_PCF_STAGES` for input `input` whose grid of runs is `ctas` CTAs, on a device of
+    /// `slots` resident CTA slots (`sm_count x` [`E4M3_MIN_BLOCKS`]), with or without a row
+    /// gather (`pos_to_token`): [`GATHER_STAGES`] for e4m3 rows that are gathered or whose grid
+    /// fills at least one wave (`ctas >= slots`), else 0 (the next tile's raw words prefetched
     /// into registers). H200 (session 11, 2 interleaved rounds, tk-quant/PERF.md), staged
     /// (with the driver's default shared-memory carveout) against the register prefetch:
     /// gathered K=6 rows K=7168 116.8-126.5 -> 106.8-112.5 µs (8.6-11.1 % less time), K=4096
-    /// 72.5 -> 66.1 (8.8 %), K=2048 36.1 -> 35.7 (1.1 %); plain rows (N = 4096, contiguous)
-    /// mixed: K=2048 -9.7 %, K=6144 -7.6 %, but K=3072 +6.7 %, K=4096 +5.0 %, K=7168 +1.6 %,
-    /// so they keep the registers. Asking for the largest carveout (4 CTAs per SM) made the
-    /// staged kernel 5-6 % slower than the default on the gathered rows. Session 12, with the
-    /// `.L2::256B` hint on the staged copies (gathered K=7168 rows another 5-9 % faster): plain
-    /// rows staged still mixed (2 runs): K=6144 22.0 -> 20.1 µs and K=7168 23.2 -> 22.9, but
-    /// K=2560 10.1 -> 11.1, K=3072 11.3 -> 11.7, K=4096 14.3 -> 14.6 (grids of fewer CTAs than
-    /// one wave); they keep the registers.
-    fn stages(input: u8, gathered: bool) -> u32 {
-        if input == 2 && gathered {
+    /// 72.5 -> 66.1 (8.8 %), K=2048 36.1 -> 35.7 (1.1 %). Asking for the largest carveout (4
+    /// CTAs per SM) made the staged kernel 5-6 % slower than the default on the gathered rows.
+    /// Plain rows (N = 4096, contiguous) staged, with the `.L2::256B` hint of session 12, in
+    /// three sessions' runs: faster where the grid holds more than one wave of CTAs (K=6144,
+    /// 768 runs on 528 slots: 22.0 -> 20.1 µs in sessions 12 and 14; K=7168, 896 runs: 23.2 ->
+    /// 22.6-22.9), slower or even in grids under one wave (K=2560 10.1 -> 11.1, K=3072 11.3 ->
+    /// 11.7, K=4096 14.3 -> 14.6 in session 12; K=3072 11.4 -> 11.7 in session 14; 320-512
+    /// runs).
+    fn stages(input: u8, gathered: bool, ctas: usize, slots: usize) -> u32 {
+        if input == 2 && (gathered || ctas >= slots) {
             GATHER_STAGES
         } else {
             0
@@ -448,10 +451,12 @@ mod gpu {
         let mut v = Vec::new();
         for input in [0, 1, 2] {
             for round in [false, true] {
-                for gathered in [false, true] {
-                    let st = stages(input, gathered);
-                    if gathered && st == 0 {
-                        continue; // the same specialisation as without the gather
+                // Without and with the staged pipeline (plain rows in grids under and over
+                // one wave; gathered rows), once each.
+                for full_wave in [false, true] {
+                    let st = stages(input, false, full_wave as usize, 1);
+                    if full_wave && st == 0 {
+                        continue; // the same specialisation as under one wave
                     }
                     v.push(spec(input, round, true, input == 2, st));
                     if input == 2 {
@@ -532,9 +537,12 @@ mod gpu {
         let (plan, args, align) = prepare(x, pos_to_token, params)?;
         let input = input_code(x);
         let pitch32 = pitch32(input, &args);
-        let stages = stages(input, pos_to_token.is_some());
+        let dev = device(x);
+        let ctas = (plan.m.div_ceil(128) * (plan.k / 64)).div_ceil(COL_RUN[input as usize]);
+        let slots = dev.props().sm_count.max(1) as usize * E4M3_MIN_BLOCKS;
+        let stages = stages(input, pos_to_token.is_some(), ctas, slots);
         launch_per_channel(
-            device(x),
+            dev,
             &plan,
             false,
             grid(input),

@@ -1835,8 +1835,12 @@ fn gpu_per_channel_cast_fused_off_grid() {
         return;
     };
     // (N_in, N_out, K, fp32): maps with N_out % 128 != 0 (partial last block), all-padding
-    // blocks, repeated sources; no map with N = 0; fp32 input; K = 128 (one input group).
+    // blocks, repeated sources; no map with N = 0; fp32 input; K = 128 (one input group);
+    // no map with N = 4096, K = 4224 (528 runs of 4 tiles: on a 132-SM H200 exactly the
+    // resident CTAs, the smallest plain e4m3 grid that takes the staged pipeline; K = 4096,
+    // 512 runs, in the grid keeps the register prefetch).
     let cases = [
+        (4096, 48, 4224, false),
         (40, 48, 128, false),
         (300, 144, 256, true),
         (16, 256, 384, false),
