@@ -217,7 +217,8 @@ fn bench_swiglu_forward(b: &mut Bench, x: &Normals) -> Result<()> {
 }
 
 /// The formats and weights upstream 2.1.0 benchmarks: K=6, 256 experts / EP8, H=3584, fp32 /
-/// bf16 / e4m3 output, with the clamp 0.5 or with routing weights.
+/// bf16 / e4m3 output, with the clamp 0.5 or with routing weights; e4m3 with the clamp is the
+/// spec grid's case of the same name ([`bench_swiglu_forward`]), measured there only.
 fn bench_swiglu_forward_formats(b: &mut Bench, x: &Normals) -> Result<()> {
     let dev = b.device().clone();
     let moe = MoeParams {
@@ -233,6 +234,9 @@ fn bench_swiglu_forward_formats(b: &mut Bench, x: &Normals) -> Result<()> {
     let w = dev.upload(&HostTensor::from_fn(&[m.t, m.k], |_| rng.normal()))?;
     for weights in [false, true] {
         for fmt in ["fp32", "bf16", "e4m3"] {
+            if fmt == "e4m3" && !weights {
+                continue;
+            }
             let mut params = match fmt {
                 "fp32" => SwigluForwardParams::plain(SwigluOutFormat::F32),
                 "bf16" => SwigluForwardParams::plain(SwigluOutFormat::BF16),
