@@ -298,7 +298,8 @@ pub use gpu::*;
 /// current one: gathered rows (`pos_to_token` given) through asynchronous copies into shared
 /// memory (all 4 tiles of the run from its first tile on), as are plain rows whose grid of
 /// runs fills the device's resident CTAs at least once; smaller plain grids keep the next
-/// tile's raw words in registers. fp32 / bf16 input takes one CTA per tile. No host synchronisation.
+/// tile's raw words in registers. fp32 / bf16 input takes one CTA per tile. No host
+/// synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -408,9 +409,9 @@ mod gpu {
     /// Plain rows (N = 4096, contiguous) staged, with the `.L2::256B` hint of session 12, in
     /// three sessions' runs: faster where the grid holds more than one wave of CTAs (K=6144,
     /// 768 runs on 528 slots: 22.0 -> 20.1 µs in sessions 12 and 14; K=7168, 896 runs: 23.2 ->
-    /// 22.6-22.9), slower or even in grids under one wave (K=2560 10.1 -> 11.1, K=3072 11.3 ->
-    /// 11.7, K=4096 14.3 -> 14.6 in session 12; K=3072 11.4 -> 11.7 in session 14; 320-512
-    /// runs).
+    /// 22.6-22.9), and no faster or slower in grids under one wave (K=2560 10.1 -> 11.1,
+    /// K=3072 11.3 -> 11.7, K=4096 14.3 -> 14.6 in session 12; K=3072 11.4 -> 11.7 in session
+    /// 14; 320-512 runs).
     fn stages(input: u8, gathered: bool, ctas: usize, slots: usize) -> u32 {
         if input == 2 && (gathered || ctas >= slots) {
             GATHER_STAGES
@@ -451,8 +452,8 @@ mod gpu {
         let mut v = Vec::new();
         for input in [0, 1, 2] {
             for round in [false, true] {
-                // Without and with the staged pipeline (plain rows in grids under and over
-                // one wave; gathered rows), once each.
+                // Without and with the staged pipeline, once each: plain rows in a grid of
+                // 0 or 1 CTAs on 1 slot (under / at one wave); gathered rows take the latter.
                 for full_wave in [false, true] {
                     let st = stages(input, false, full_wave as usize, 1);
                     if full_wave && st == 0 {
