@@ -220,6 +220,24 @@ mod gpu {
                 _ => 1,
             }
         }
+
+        /// The launch grid `(x, y)` over the tiles of an `(M, K)` cast (`K/64` column tiles,
+        /// `ceil(M/128)` row tiles) on a device of `sm_count` SMs.
+        pub(crate) fn dims(self, m: usize, k: usize, sm_count: usize) -> (u32, u32) {
+            let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
+            match self {
+                // Every resident CTA, the tiles dealt round-robin (row-major): per SM at most
+                // one tile more than the average (2.8 % faster on the H200 than one CTA per
+                // column tile x the fewest CTA rows holding the row tiles in one wave, which
+                // left some SMs with a CTA fewer).
+                PerChannelGrid::Persistent(per_sm) => {
+                    ((tiles_r * tiles_c).min(sm_count * per_sm) as u32, 1)
+                }
+                // Fewer than 2^31 CTAs: every tile is at least 8 KiB of the output.
+                PerChannelGrid::Runs(r) => ((tiles_r * tiles_c).div_ceil(r) as u32, 1),
+                PerChannelGrid::Tiles => (tiles_c as u32, tiles_r.min(65535) as u32),
+            }
+        }
     }
 
     /// Checks the e4m3 output (`(M, K)`, or `(K, M)` when `transpose`) and the scales against
@@ -252,20 +270,8 @@ mod gpu {
         if m == 0 {
             return Ok(());
         }
-        let (tiles_c, tiles_r) = (k / 64, m.div_ceil(128));
-        let grid = match grid {
-            // Every resident CTA, the tiles dealt round-robin (row-major): per SM at most one
-            // tile more than the average (2.8 % faster on the H200 than one CTA per column tile
-            // x the fewest CTA rows holding the row tiles in one wave, which left some SMs with
-            // a CTA fewer).
-            PerChannelGrid::Persistent(per_sm) => {
-                let slots = dev.props().sm_count.max(1) as usize * per_sm;
-                ((tiles_r * tiles_c).min(slots) as u32, 1)
-            }
-            // Fewer than 2^31 CTAs: every tile is at least 8 KiB of the output.
-            PerChannelGrid::Runs(r) => ((tiles_r * tiles_c).div_ceil(r) as u32, 1),
-            PerChannelGrid::Tiles => (tiles_c as u32, tiles_r.min(65535) as u32),
-        };
+        let tiles_c = k / 64;
+        let grid = grid.dims(m, k, dev.props().sm_count.max(1) as usize);
         let nb = grid.0 as usize * grid.1 as usize;
         (args.step_r, args.step_c) = ((nb / tiles_c) as u32, (nb % tiles_c) as u32);
         let f = dev.function(&spec)?;

@@ -539,9 +539,10 @@ mod gpu {
         let input = input_code(x);
         let pitch32 = pitch32(input, &args);
         let dev = device(x);
-        let ctas = (plan.m.div_ceil(128) * (plan.k / 64)).div_ceil(COL_RUN[input as usize]);
-        let slots = dev.props().sm_count.max(1) as usize * E4M3_MIN_BLOCKS;
-        let stages = stages(input, pos_to_token.is_some(), ctas, slots);
+        let sms = dev.props().sm_count.max(1) as usize;
+        let (gx, gy) = grid(input).dims(plan.m, plan.k, sms);
+        let ctas = gx as usize * gy as usize;
+        let stages = stages(input, pos_to_token.is_some(), ctas, sms * E4M3_MIN_BLOCKS);
         launch_per_channel(
             dev,
             &plan,
