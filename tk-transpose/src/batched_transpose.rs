@@ -391,7 +391,7 @@ mod gpu {
     /// The staged-tile path's tiling for `e`-byte elements on a device with `sms` SMs, a rule
     /// fitted to the H200 measurements of every tiling at upstream's shapes (tk-transpose
     /// PERF.md): large problems (at least 16 blocks per SM) keep 128-byte output row pieces with
-    /// `e` bands (every thread moves 64 bytes); mid-sized ones take 4 bands of the tallest piece
+    /// `e` bands (every thread moves 64 bytes), 2 for a single e4m3 matrix; mid-sized ones take 4 bands of the tallest piece
     /// (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
     /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block, except where they
     /// give fewer than 2 blocks per SM and pad the last tile along y more than the large tiling
@@ -414,7 +414,14 @@ mod gpu {
         // Elements along y that the tiles of `t` cover (the last one padded).
         let padded = |t: &Tiling| g.y.div_ceil(t.cols(e)) * t.cols(e);
         if blocks(&large) >= 16 * sms {
-            large
+            // One e4m3 matrix: 2 bands (32 KB tiles; H200, session 14, 4 interleaved rounds:
+            // 8064x7168 31.09-31.28 -> 30.80-30.99 µs, 8064x6144 27.02-27.22 -> 26.67-26.82);
+            // batched e4m3 keeps 1 band (8x8064x7168 228.4 -> 230.7 µs with 2).
+            if e == 1 && g.batches == 1 {
+                Tiling { bands: 2, ..large }
+            } else {
+                large
+            }
         } else if blocks(&wide) >= sms {
             if blocks(&wide) < 2 * sms && padded(&wide) > padded(&large) {
                 large
@@ -550,9 +557,23 @@ mod gpu {
                 rows: 64 / e,
                 bands: 1,
             };
-            // Large problems: 128-byte output row pieces.
-            assert_eq!(pick_tiling(&g(8064, 7168), 1, 132), Tiling::new(1, 128));
+            // Large problems: 128-byte output row pieces (one e4m3 matrix: 2 bands; batched
+            // e4m3: 1).
+            let two_bands = Tiling {
+                rows: 128,
+                bands: 2,
+            };
+            assert_eq!(pick_tiling(&g(8064, 7168), 1, 132), two_bands);
+            assert_eq!(pick_tiling(&g(8064, 6144), 1, 132), two_bands);
+            let batched = Geometry {
+                batches: 8,
+                bs: 8064 * 14336,
+                ..g(8064, 7168)
+            };
+            assert_eq!(pick_tiling(&batched, 1, 132), Tiling::new(1, 128));
             assert_eq!(pick_tiling(&g(8064, 7168), 2, 132), Tiling::new(2, 128));
+            // 8064 x 4096 e4m3: 2016 large tiles, under 16 per SM: mid-sized.
+            assert_ne!(pick_tiling(&g(8064, 4096), 1, 132), two_bands);
             // Mid-sized: 4 bands of 64-byte (e4m3) or 128-byte (bf16) pieces.
             assert_eq!(pick_tiling(&g(4032, 2048), 1, 132), wide(1));
             assert_eq!(pick_tiling(&g(4032, 3072), 1, 132), wide(1));
