@@ -90,13 +90,24 @@ pub fn gpu_or_skip(test: &str) -> Option<Device> {
         Ok(dev) => Some(dev),
         Err(e) if gpu_required() => panic!("{test}: TK_REQUIRE_GPU=1 but no usable GPU: {e}"),
         Err(e) => {
-            // Written to the process's stderr directly so that the test harness's output
-            // capture can't hide it: a skip must always be visible.
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: no usable GPU ({e})");
+            report_skip(test, format_args!("no usable GPU ({e})"));
             None
         }
     }
+}
+
+/// Prints `SKIPPED <test>: <why>` for a test that skips at run time.
+///
+/// The line goes to the process's stderr directly, so the test harness's output capture can't
+/// hide it (a skip must always be visible; `cargo xtask test` counts these lines and reports
+/// the tests as skipped, not passed). It is written with one `write` call, so it reaches a
+/// pipe shared with the harness's stdout in one piece. The harness's own lines can still end
+/// just before it without a newline (`test a ... okSKIPPED b: ...`): readers must look for
+/// `SKIPPED ` anywhere in a line.
+pub fn report_skip(test: &str, why: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let line = format!("SKIPPED {test}: {why}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// The spec's seed rule: base seed (`TK_SEED`, default 0) plus a hash of the case name.

@@ -6,7 +6,6 @@
 //! on `LD_LIBRARY_PATH`, so CI runs them.
 
 use std::ffi::OsString;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard};
@@ -117,7 +116,7 @@ fn nvrtc_or_skip(test: &str) -> bool {
             panic!("{test}: TK_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: {e}")
         }
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {e}");
+            tk_core::testing::report_skip(test, format_args!("{e}"));
             false
         }
     }
@@ -731,9 +730,9 @@ fn compile_with_cuda_headers() {
             if std::env::var("TK_REQUIRE_NVRTC").as_deref() == Ok("1") {
                 panic!("compile_with_cuda_headers: TK_REQUIRE_NVRTC=1 but no CUDA headers found (searched {searched})");
             }
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED compile_with_cuda_headers: CUDA headers not found (searched {searched})"
+            tk_core::testing::report_skip(
+                "compile_with_cuda_headers",
+                format_args!("CUDA headers not found (searched {searched})"),
             );
         }
     }

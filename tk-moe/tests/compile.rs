@@ -48,7 +48,10 @@ fn registered_and_off_grid_kernels_compile() {
             std::env::var("TK_REQUIRE_NVRTC").as_deref() != Ok("1"),
             "NVRTC required: {e}"
         );
-        eprintln!("SKIPPED registered_and_off_grid_kernels_compile: {e}");
+        tk_core::testing::report_skip(
+            "registered_and_off_grid_kernels_compile",
+            format_args!("{e}"),
+        );
         return;
     }
     let specs: Vec<KernelSpec> = tk_moe::registered_kernels()
