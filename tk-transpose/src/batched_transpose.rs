@@ -391,8 +391,8 @@ mod gpu {
     /// The staged-tile path's tiling for `e`-byte elements on a device with `sms` SMs, a rule
     /// fitted to the H200 measurements of every tiling at upstream's shapes (tk-transpose
     /// PERF.md): large problems (at least 16 blocks per SM) keep 128-byte output row pieces with
-    /// `e` bands (every thread moves 64 bytes), 2 for a single e4m3 matrix; mid-sized ones take 4 bands of the tallest piece
-    /// (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
+    /// `e` bands (every thread moves 64 bytes), 2 for a single e4m3 matrix; mid-sized ones take
+    /// 4 bands of the tallest piece (at most 128 bytes) that keeps the tile within [`Tiling::MAX_TILE_BYTES`] (e4m3: 64-byte
     /// pieces, bf16: 128, fp32: 128) while that still gives every SM a block, except where they
     /// give fewer than 2 blocks per SM and pad the last tile along y more than the large tiling
     /// (576-wide rows: bf16 1152 -> 1536 bytes with 4 bands, 1280 with 2; e4m3 576 -> 1024 with
