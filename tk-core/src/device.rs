@@ -32,6 +32,10 @@ pub struct DeviceProps {
     pub l2_bytes: usize,
     /// Largest dynamic shared memory a block can opt in to, in bytes.
     pub max_smem_per_block_optin: usize,
+    /// Shared memory of one SM, in bytes (the most its resident blocks can use together).
+    pub smem_per_sm: usize,
+    /// Shared memory the driver reserves for each resident block, in bytes.
+    pub reserved_smem_per_block: usize,
     /// The NVRTC target for this device, e.g. `sm_90a`.
     pub arch: String,
 }
@@ -124,6 +128,14 @@ impl Device {
             Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             "reading the shared-memory limit",
         )?;
+        let smem_per_sm = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            "reading the shared memory per SM",
+        )?;
+        let reserved_smem_per_block = attr(
+            Attr::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            "reading the shared memory reserved per block",
+        )?;
         let arch = match arch_for(cc) {
             Some(a) => a,
             None => return Err(TkError::Unsupported {
@@ -144,6 +156,8 @@ impl Device {
             sm_count,
             l2_bytes,
             max_smem_per_block_optin,
+            smem_per_sm,
+            reserved_smem_per_block,
             arch,
         };
         Ok(Self {

@@ -117,6 +117,7 @@ mod gpu {
     use super::{geometry, Geometry};
     use cudarc::driver::sys::CUfunction_attribute;
     use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tk_core::device::DeviceProps;
     use tk_core::error::DriverContext;
     use tk_core::{
         Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Layout,
@@ -347,14 +348,14 @@ mod gpu {
                 ));
             }
         }
-        let (cfg, tiling) = if vec {
+        let (mut cfg, tiling) = if vec {
             let t = forced.unwrap_or_else(|| pick_tiling(&g, e, dev.props().sm_count as usize));
             (tile_config(&g, e, t), Some(t))
         } else {
             (generic_config(&g), None)
         };
         let f = dev.function(&kernel_spec(e, tiling))?;
-        if tiling.is_some() {
+        if let Some(t) = tiling {
             // 6 blocks × (16 or 32 KB + 1 KB reserved) need the 132 or 228 KB configuration;
             // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
             f.set_attribute(
@@ -362,6 +363,18 @@ mod gpu {
                 100,
             )
             .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
+            let (nx, ny) = tile_counts(&g, e, &t);
+            let pad = residency_pad(dev.props(), &t, nx * ny * g.batches);
+            if pad > 0 {
+                // The same value for every launch of this specialisation (it depends on the
+                // device and the tile only), so concurrent launches cannot disagree on it.
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    pad as i32,
+                )
+                .ctx("setting the dynamic shared memory of tk_batched_transpose")?;
+                cfg.shared_mem_bytes = pad as u32;
+            }
         }
         let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
@@ -434,6 +447,29 @@ mod gpu {
                 bands: 1,
             }
         }
+    }
+
+    /// Resident blocks per SM that [`residency_pad`] holds large launches to.
+    const LARGE_RESIDENT: usize = 4;
+
+    /// Unused dynamic shared memory per block (bytes) that holds a staged launch of `tiles`
+    /// tiles of `t` to [`LARGE_RESIDENT`] blocks per SM, or 0 for no limit. The limit applies
+    /// to large launches (at least 16 tiles per SM, the large tiling's threshold in
+    /// [`pick_tiling`]) of tiles of at least 16 KB, of which 6 would otherwise be resident (the
+    /// kernel's launch bounds; 16 KB tiles could fit 13 by their shared memory). H200, session
+    /// 16 (3 interleaved rounds, the same limit through a fixed 228 KB per SM): 8064x7168 e4m3
+    /// 31.21-31.41 -> 30.88-30.91 µs, bf16 59.55-59.71 -> 58.51-59.23, 8x8064x7168 e4m3
+    /// 227.9-228.1 -> 225.5-225.7, bf16 452.0-452.4 -> 447.8-448.4, fp32 902.6-903.1 -> 895.0-895.3;
+    /// 3 and 5 blocks per SM were slower than 4 at these shapes, and so were 4 blocks of 8 KB
+    /// tiles (7168 wide rows, 10-90 %) and of the mid-sized 4032x2048 bf16 launch (1 %).
+    fn residency_pad(p: &DeviceProps, t: &Tiling, tiles: usize) -> usize {
+        if tiles < 16 * p.sm_count as usize || t.tile_bytes() < 16 << 10 {
+            return 0;
+        }
+        // 1 KB below the SM's share per block: the allocation granularity cannot round a
+        // block past its share, and one block more does not fit (5 × (share - 1 KB) > SM).
+        (p.smem_per_sm / LARGE_RESIDENT)
+            .saturating_sub(p.reserved_smem_per_block + t.tile_bytes() + 1024)
     }
 
     /// Tiles along x and y.
@@ -585,6 +621,45 @@ mod gpu {
             // 4032 x 576 e4m3 has 126 wide tiles for 132 SMs: one band.
             assert_eq!(pick_tiling(&g(4032, 576), 1, 132), narrow(1));
             assert_eq!(pick_tiling(&g(16, 16), 4, 132), narrow(4));
+        }
+
+        #[test]
+        fn residency_pad_holds_large_launches_of_big_tiles_to_4_blocks_per_sm() {
+            // The H200's numbers: 228 KB per SM, 1 KB reserved per block.
+            let h200 = DeviceProps {
+                ordinal: 0,
+                name: "H200".into(),
+                compute_capability: (9, 0),
+                sm_count: 132,
+                l2_bytes: 60 << 20,
+                max_smem_per_block_optin: 227 << 10,
+                smem_per_sm: 228 << 10,
+                reserved_smem_per_block: 1 << 10,
+                arch: "sm_90a".into(),
+            };
+            let large = 16 * 132;
+            let resident =
+                |t: &Tiling, pad: usize| (228 << 10) / (t.tile_bytes() + pad + (1 << 10));
+            for t in [
+                Tiling::new(1, 128),
+                Tiling::new(2, 128),
+                Tiling::new(4, 128),
+            ] {
+                assert_eq!(t.tile_bytes(), 16 << 10);
+                let pad = residency_pad(&h200, &t, large);
+                assert_eq!(resident(&t, pad), 4, "{t:?}");
+            }
+            let two_bands = Tiling {
+                rows: 128,
+                bands: 2,
+            };
+            let pad = residency_pad(&h200, &two_bands, large);
+            assert_eq!(resident(&two_bands, pad), 4);
+            assert!(two_bands.tile_bytes() + pad <= h200.max_smem_per_block_optin);
+            // Smaller launches and smaller tiles: no limit.
+            assert_eq!(residency_pad(&h200, &two_bands, large - 1), 0);
+            let small = Tiling { rows: 64, bands: 1 };
+            assert_eq!(residency_pad(&h200, &small, 8 * large), 0);
         }
     }
 }
