@@ -454,16 +454,17 @@ mod gpu {
 
     /// Unused dynamic shared memory per block (bytes) that holds a staged launch of `tiles`
     /// tiles of `t` to [`LARGE_RESIDENT`] blocks per SM, or 0 for no limit. The limit applies
-    /// to large launches (at least 16 tiles per SM, the large tiling's threshold in
-    /// [`pick_tiling`]) of tiles of at least 16 KB, of which 6 would otherwise be resident (the
-    /// kernel's launch bounds; 16 KB tiles could fit 13 by their shared memory). H200, session
+    /// to large launches (the bytes of at least 16 large tiles per SM, the large tiling's
+    /// threshold in [`pick_tiling`]) of tiles of at least 16 KB, of which 6 would otherwise be
+    /// resident (the kernel's launch bounds; 16 KB tiles could fit 13 by their shared memory). H200, session
     /// 16 (3 interleaved rounds, the same limit through a fixed 228 KB per SM): 8064x7168 e4m3
     /// 31.21-31.41 -> 30.88-30.91 µs, bf16 59.55-59.71 -> 58.51-59.23, 8x8064x7168 e4m3
     /// 227.9-228.1 -> 225.5-225.7, bf16 452.0-452.4 -> 447.8-448.4, fp32 902.6-903.1 -> 895.0-895.3;
     /// 3 and 5 blocks per SM were slower than 4 at these shapes, and so were 4 blocks of 8 KB
     /// tiles (7168 wide rows, 10-90 %) and of the mid-sized 4032x2048 bf16 launch (1 %).
     fn residency_pad(p: &DeviceProps, t: &Tiling, tiles: usize) -> usize {
-        if tiles < 16 * p.sm_count as usize || t.tile_bytes() < 16 << 10 {
+        const BIG: usize = 16 << 10; // the large tiling's tile bytes
+        if t.tile_bytes() < BIG || tiles * t.tile_bytes() < 16 * p.sm_count as usize * BIG {
             return 0;
         }
         // 1 KB below the SM's share per block: the allocation granularity cannot round a
@@ -656,8 +657,11 @@ mod gpu {
             let pad = residency_pad(&h200, &two_bands, large);
             assert_eq!(resident(&two_bands, pad), 4);
             assert!(two_bands.tile_bytes() + pad <= h200.max_smem_per_block_optin);
+            // 8064x7168 e4m3 in 32 KB tiles: 1764 tiles, as many bytes as 3528 large tiles.
+            assert!(residency_pad(&h200, &two_bands, 1764) > 0);
             // Smaller launches and smaller tiles: no limit.
-            assert_eq!(residency_pad(&h200, &two_bands, large - 1), 0);
+            assert_eq!(residency_pad(&h200, &two_bands, large / 2 - 1), 0);
+            assert_eq!(residency_pad(&h200, &Tiling::new(2, 128), large - 1), 0);
             let small = Tiling { rows: 64, bands: 1 };
             assert_eq!(residency_pad(&h200, &small, 8 * large), 0);
         }
