@@ -22,7 +22,8 @@
 //! Kernels: when the rows are 16-byte aligned and `X`, `Y` are multiples of `16 / size`, a block
 //! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
 //! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
-//! from the shape so that small problems still give every SM several blocks); otherwise a
+//! from the shape so that small problems still give every SM several blocks, and large launches
+//! keep 4 blocks per SM resident instead of 6, which moves their bytes faster); otherwise a
 //! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
 //! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
 //! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
@@ -356,7 +357,7 @@ mod gpu {
         };
         let f = dev.function(&kernel_spec(e, tiling))?;
         if let Some(t) = tiling {
-            // 6 blocks × (16 or 32 KB + 1 KB reserved) need the 132 or 228 KB configuration;
+            // Up to 6 blocks × (16 or 32 KB + 1 KB reserved): up to the 228 KB configuration;
             // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
@@ -456,12 +457,17 @@ mod gpu {
     /// tiles of `t` to [`LARGE_RESIDENT`] blocks per SM, or 0 for no limit. The limit applies
     /// to large launches (the bytes of at least 16 large tiles per SM, the large tiling's
     /// threshold in [`pick_tiling`]) of tiles of at least 16 KB, of which 6 would otherwise be
-    /// resident (the kernel's launch bounds; 16 KB tiles could fit 13 by their shared memory). H200, session
-    /// 16 (3 interleaved rounds, the same limit through a fixed 228 KB per SM): 8064x7168 e4m3
-    /// 31.21-31.41 -> 30.88-30.91 µs, bf16 59.55-59.71 -> 58.51-59.23, 8x8064x7168 e4m3
-    /// 227.9-228.1 -> 225.5-225.7, bf16 452.0-452.4 -> 447.8-448.4, fp32 902.6-903.1 -> 895.0-895.3;
-    /// 3 and 5 blocks per SM were slower than 4 at these shapes, and so were 4 blocks of 8 KB
-    /// tiles (7168 wide rows, 10-90 %) and of the mid-sized 4032x2048 bf16 launch (1 %).
+    /// resident (the kernel's launch bounds; 16 KB tiles could fit 13 by their shared memory).
+    /// Fewer tiles in flight per SM move the same bytes faster at these sizes (as the 1:1
+    /// streams of tk-core's `ceilings` bench: fewer bytes in flight per SM, faster). H200,
+    /// session 16 (tk-transpose/PERF.md; this form, 4 interleaved rounds against main):
+    /// 8x8064x7168 e4m3 228.3-228.5 -> 225.7-226.0 µs, bf16 453.5-453.9 -> 448.8-448.9 (upstream
+    /// 451.5), fp32 905.2-905.6 -> 895.9-896.3, 78 of the 84 batched rows 0.3-1.4 % faster;
+    /// 8064x7168 e4m3 30.93-31.01 -> 30.70-30.85, bf16 58.96-59.78 -> 59.25-59.41 (3 rounds
+    /// of the bytes-free form before: 59.66-59.71 -> 59.07-59.33); slower: batched 8064x576 e4m3
+    /// 0.4-1.4 %, 2-D bf16 8064x2560 / 8064x3072 / 4032x6144 0.4-0.7 %. 3 and 5 blocks per SM
+    /// (session 16, D1) were slower than 4 at the large shapes, and so were 4 blocks of 8 KB
+    /// tiles (10-140 %: too few bytes in flight) and of the mid-sized 4032x2048 bf16 launch (1 %).
     fn residency_pad(p: &DeviceProps, t: &Tiling, tiles: usize) -> usize {
         const BIG: usize = 16 << 10; // the large tiling's tile bytes
         if t.tile_bytes() < BIG || tiles * t.tile_bytes() < 16 * p.sm_count as usize * BIG {
