@@ -467,8 +467,8 @@ mod gpu {
     /// same limit by tile count, 3 rounds: 59.66-59.71 -> 59.07-59.33); slower: batched
     /// 8064x576 e4m3 0.4-1.4 %, 2-D bf16 8064x2560 / 8064x3072 / 4032x6144 0.4-0.7 %. 3 and 5
     /// blocks per SM (session 16, D1) were slower than 4 at the large shapes, and 4 blocks of
-    /// smaller tiles slower than 6 (8 KB 4-11 %, 2-4 KB 31-89 %: too few bytes in flight), as
-    /// was the mid-sized 4032x2048 bf16 launch with 4 (1 %).
+    /// smaller tiles slower than no limit (8 KB 4-11 %, 2-4 KB 31-89 %: too few bytes in
+    /// flight), as was the mid-sized 4032x2048 bf16 launch with 4 (1 %).
     fn residency_pad(p: &DeviceProps, t: &Tiling, tiles: usize) -> usize {
         const BIG: usize = 16 << 10; // the large tiling's tile bytes
         if t.tile_bytes() < BIG || tiles * t.tile_bytes() < 16 * p.sm_count as usize * BIG {
