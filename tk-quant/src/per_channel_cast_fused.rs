@@ -295,11 +295,11 @@ pub use gpu::*;
 /// bit-exact with [`reference::per_channel_cast_fused`](fn@crate::reference::per_channel_cast_fused).
 /// For e4m3 input a CTA casts a run of consecutive column tiles of one row tile, its threads'
 /// source rows looked up once per run, and has the run's next tiles in flight while casting the
-/// current one: gathered rows (`pos_to_token` given) through asynchronous copies into shared
-/// memory (all 4 tiles of the run from its first tile on), as are plain rows whose grid of
-/// runs fills the device's resident CTAs at least once; smaller plain grids keep the next
-/// tile's raw words in registers. fp32 / bf16 input takes one CTA per tile. No host
-/// synchronisation.
+/// current one: gathered rows (`pos_to_token` given) in runs of 4 through asynchronous copies
+/// into shared memory (all 4 tiles of the run from its first tile on); plain rows in runs of 2
+/// the same way where those runs fill the device's resident CTAs at least once, else in runs
+/// of 4 with the next tile's raw words in registers. fp32 / bf16 input takes one CTA per tile.
+/// No host synchronisation.
 ///
 /// Device-side difference from [`validate`]: map *values* are not checked (that needs a host
 /// synchronisation); an entry `>= N_in` (rejected on the CPU) reads no memory and gives a
@@ -360,26 +360,9 @@ mod gpu {
         }
     }
 
-    /// Tiles per CTA run by input (fp32, bf16, e4m3 + scales): a CTA casts that many
-    /// consecutive column tiles of one row tile, its source rows (map loads, checks) computed
-    /// once for them and (e4m3) the next tile prefetched (`GatherSrc`); 1: one CTA per tile
-    /// (2D grid). Runs only for e4m3 input: on the H200 (meas31) runs of 4 made e4m3 + scales
-    /// K=6 20 % faster, but plain bf16 (N = 4096) 16 % and bf16 K=6 1.4-2.6 % slower. e4m3
-    /// runs of 8 (session 9: half the CTAs, plain K=7168 in one wave) measured 5-10 % slower
-    /// than runs of 4 (tk-quant/PERF.md).
-    const COL_RUN: [usize; 3] = [1, 1, 4];
-
     /// CTAs per SM (launch bounds) for e4m3 input: 4 (64 registers, no spills with runs); 5
     /// (48 registers: 32-40 bytes of spills with runs) measured plain e4m3 2.39x slower.
     const E4M3_MIN_BLOCKS: usize = 4;
-
-    /// The tile loop of input `input`.
-    fn grid(input: u8) -> PerChannelGrid {
-        match COL_RUN[input as usize] {
-            1 => PerChannelGrid::Tiles,
-            r => PerChannelGrid::Runs(r),
-        }
-    }
 
     /// Whether the kernel forms each gathered row's data and scale address as one 32x32 ->
     /// 64-bit multiply-add from the tile's column base (`TK_PCF_PITCH32`) for `args`: e4m3 input
@@ -393,34 +376,52 @@ mod gpu {
         input == 2 && args.ldx <= u32::MAX as u64 && args.xs_ld < 1 << 30
     }
 
-    /// Slots of the staged e4m3 pipeline of the kernel for gathered rows (`TK_PCF_STAGES`):
-    /// a run's 4 tiles in flight through shared memory from its first tile on.
-    const GATHER_STAGES: u32 = 4;
-
-    /// `TK_PCF_STAGES` for input `input` whose grid of runs is `ctas` CTAs, on a device of
-    /// `slots` resident CTA slots (`sm_count x` [`E4M3_MIN_BLOCKS`]), with or without a row
-    /// gather (`pos_to_token`): [`GATHER_STAGES`] for e4m3 rows that are gathered or whose grid
-    /// fills at least one wave (`ctas >= slots`), else 0 (the next tile's raw words prefetched
-    /// into registers). H200 (session 11, 2 interleaved rounds, tk-quant/PERF.md), staged
-    /// (with the driver's default shared-memory carveout) against the register prefetch:
-    /// gathered K=6 rows K=7168 116.8-126.5 -> 106.8-112.5 µs (8.6-11.1 % less time), K=4096
-    /// 72.5 -> 66.1 (8.8 %), K=2048 36.1 -> 35.7 (1.1 %). Asking for the largest carveout (4
-    /// CTAs per SM) made the staged kernel 5-6 % slower than the default on the gathered rows.
-    /// Plain rows (N = 4096, contiguous) staged, with the `.L2::256B` hint of session 12, in
-    /// three sessions' runs: faster where the grid holds more than one wave of CTAs (K=6144,
-    /// 768 runs on 528 slots: 22.0 -> 20.1 µs in sessions 12 and 14; K=7168, 896 runs: 23.2 ->
-    /// 22.6-22.9), and no faster or slower in grids under one wave (K=2560 10.1 -> 11.1,
-    /// K=3072 11.3 -> 11.7, K=4096 14.3 -> 14.6 in session 12; K=3072 11.4 -> 11.7 in session
-    /// 14; 320-512 runs).
-    fn stages(input: u8, gathered: bool, ctas: usize, slots: usize) -> u32 {
-        if input == 2 && (gathered || ctas >= slots) {
-            GATHER_STAGES
-        } else {
-            0
+    /// How the CTAs of input `input` (0 fp32, 1 bf16, 2 e4m3 + scales) cover the tiles of an
+    /// `(M, K)` output on a device of `sms` SMs, with or without a row gather, and the slots of
+    /// the staged e4m3 pipeline (`TK_PCF_STAGES`; 0: the next tile's raw words prefetched into
+    /// registers instead). A run is consecutive column tiles of one row tile: the threads'
+    /// source rows (map loads, checks) are found once per run (`GatherSrc`).
+    /// * fp32 / bf16: one CTA per tile (2D grid). Runs of 4 measured plain bf16 (N = 4096) 16 %
+    ///   and bf16 K=6 1.4-2.6 % slower (H200, meas31).
+    /// * e4m3, gathered: runs of 4, all 4 tiles in flight through shared memory from the run's
+    ///   first tile on (H200: runs of 4 made e4m3 + scales K=6 20 % faster than one tile per
+    ///   CTA, meas31; runs of 8 5-10 % slower, session 9; staged instead of the register
+    ///   prefetch 8.6-11.1 % faster at K=7168, session 11; runs of 2 with 2 slots 6 % and runs
+    ///   of 3 with 3 slots 3 % slower, session 17).
+    /// * e4m3, plain: runs of 2 with both tiles in flight through shared memory where those
+    ///   runs fill the resident CTAs at least once (H200, session 17, 3 interleaved rounds:
+    ///   K=7168 N=4096 22.89 -> 21.47 µs, round 22.59 -> 21.25, K=6144 20.10 -> 19.46, round
+    ///   19.78 -> 19.21, against staged runs of 4), else runs of 4 with the register prefetch
+    ///   (smaller grids: staged runs measured no faster or slower there, sessions 12 and 14).
+    fn pipeline(
+        input: u8,
+        gathered: bool,
+        m: usize,
+        k: usize,
+        sms: usize,
+    ) -> (PerChannelGrid, u32) {
+        let slots = sms * E4M3_MIN_BLOCKS;
+        match input {
+            0 | 1 => (PerChannelGrid::Tiles, 0),
+            _ if gathered => (PerChannelGrid::Runs(4), 4),
+            _ => {
+                let pairs = PerChannelGrid::Runs(2).dims(m, k, sms).0 as usize;
+                if pairs >= slots {
+                    (PerChannelGrid::Runs(2), 2)
+                } else {
+                    (PerChannelGrid::Runs(4), 0)
+                }
+            }
         }
     }
 
-    fn spec(input: u8, round_sf: bool, vecio: bool, pitch32: bool, stages: u32) -> KernelSpec {
+    fn spec(
+        input: u8,
+        round_sf: bool,
+        vecio: bool,
+        pitch32: bool,
+        (grid, stages): (PerChannelGrid, u32),
+    ) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
             NUM_PER_TOKENS,
@@ -435,7 +436,7 @@ mod gpu {
                 1 => PLAIN_MIN_BLOCKS,
                 _ => E4M3_MIN_BLOCKS,
             },
-            grid(input),
+            grid,
         )
         .define("TK_IN", input)
         // u32 row indices for e4m3 input with fp32 scales (3-4 % faster on the H200); with
@@ -452,16 +453,18 @@ mod gpu {
         let mut v = Vec::new();
         for input in [0, 1, 2] {
             for round in [false, true] {
-                // Without and with the staged pipeline, once each: plain rows in a grid of
-                // 0 or 1 CTAs on 1 slot (under / at one wave); gathered rows take the latter.
-                for full_wave in [false, true] {
-                    let st = stages(input, false, full_wave as usize, 1);
-                    if full_wave && st == 0 {
-                        continue; // the same specialisation as under one wave
-                    }
-                    v.push(spec(input, round, true, input == 2, st));
+                // Every pipeline: plain rows under one wave of runs of 2 (1x64 on 1 SM, whose 4
+                // slots hold 1 run) and at it (512x128: 4 runs), gathered rows.
+                let mut pipes = vec![
+                    pipeline(input, false, 1, 64, 1),
+                    pipeline(input, false, 512, 128, 1),
+                    pipeline(input, true, 1, 64, 1),
+                ];
+                pipes.dedup();
+                for pipe in pipes {
+                    v.push(spec(input, round, true, input == 2, pipe));
                     if input == 2 {
-                        v.push(spec(input, round, true, false, st));
+                        v.push(spec(input, round, true, false, pipe));
                     }
                 }
             }
@@ -540,18 +543,16 @@ mod gpu {
         let pitch32 = pitch32(input, &args);
         let dev = device(x);
         let sms = dev.props().sm_count.max(1) as usize;
-        let (gx, gy) = grid(input).dims(plan.m, plan.k, sms);
-        let ctas = gx as usize * gy as usize;
-        let stages = stages(input, pos_to_token.is_some(), ctas, sms * E4M3_MIN_BLOCKS);
+        let pipe = pipeline(input, pos_to_token.is_some(), plan.m, plan.k, sms);
         launch_per_channel(
             dev,
             &plan,
             false,
-            grid(input),
+            pipe.0,
             args,
             &align,
             (out, out_sf),
-            |vec| spec(input, params.round_sf, vec, pitch32, stages),
+            |vec| spec(input, params.round_sf, vec, pitch32, pipe),
         )
     }
 
@@ -570,6 +571,39 @@ mod gpu {
         let mut s = DeviceScales::alloc(dev, plan.sf_layout, plan.grid)?;
         per_channel_cast_fused_into(x, pos_to_token, params, &mut d.view_mut(), &mut s)?;
         Ok((d, s))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::{pipeline, PerChannelGrid};
+
+        /// On the H200's 132 SMs (528 resident CTAs): plain e4m3 rows in runs of 2, staged,
+        /// where those runs fill a wave (N = 4096: K >= 2112), else in runs of 4 with the
+        /// register prefetch; gathered e4m3 rows in staged runs of 4; fp32 / bf16 per tile.
+        #[test]
+        fn pipeline_by_input_gather_and_grid() {
+            let (runs2, runs4, staged4) = (
+                (PerChannelGrid::Runs(2), 2),
+                (PerChannelGrid::Runs(4), 0),
+                (PerChannelGrid::Runs(4), 4),
+            );
+            for k in [2560, 3072, 4096, 6144, 7168] {
+                assert_eq!(pipeline(2, false, 4096, k, 132), runs2, "K = {k}");
+            }
+            // 32 x 33 tiles: 528 runs of 2, one wave; 32 x 32: 512, under it.
+            assert_eq!(pipeline(2, false, 4096, 2112, 132), runs2);
+            assert_eq!(pipeline(2, false, 4096, 2048, 132), runs4);
+            assert_eq!(pipeline(2, true, 128, 64, 132), staged4);
+            assert_eq!(pipeline(2, true, 24704, 7168, 132), staged4);
+            for input in [0, 1] {
+                for gathered in [false, true] {
+                    assert_eq!(
+                        pipeline(input, gathered, 4096, 7168, 132),
+                        (PerChannelGrid::Tiles, 0)
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -653,8 +687,8 @@ mod staging_model {
         }
     }
 
-    /// `pc::tile_kernel`'s schedule with `S` slots for a CTA of `live` tiles (runs of 4, the
-    /// last run possibly cut by the row tiles): S - 1 groups in the prologue (tiles 0 .. S - 2,
+    /// `pc::tile_kernel`'s schedule with `S` slots for a CTA of `live` tiles (runs of 2 or 4,
+    /// the last run possibly cut by the row tiles): S - 1 groups in the prologue (tiles 0 .. S - 2,
     /// empty past `live`), at tile n the group of tile n + S - 1 into slot (n + S - 1) % S,
     /// then `wait_group S - 1`. Tile n's group is complete when it is read, and a slot is
     /// overwritten only after the tile that held it was read at an earlier tile (whose two
