@@ -389,10 +389,13 @@ mod gpu {
     ///   prefetch 8.6-11.1 % faster at K=7168, session 11; runs of 2 with 2 slots 6 % and runs
     ///   of 3 with 3 slots 3 % slower, session 17).
     /// * e4m3, plain: runs of 2 with both tiles in flight through shared memory where those
-    ///   runs fill the resident CTAs at least once (H200, session 17, 3 interleaved rounds:
-    ///   K=7168 N=4096 22.89 -> 21.47 µs, round 22.59 -> 21.25, K=6144 20.10 -> 19.46, round
-    ///   19.78 -> 19.21, against staged runs of 4), else runs of 4 with the register prefetch
-    ///   (smaller grids: staged runs measured no faster or slower there, sessions 12 and 14).
+    ///   runs fill the resident CTAs at least once, else runs of 4 with the register prefetch
+    ///   (smaller grids: staged runs measured no faster there, sessions 12 and 14). H200,
+    ///   session 17 (D6, 3 interleaved rounds, every round of this rule below every round of
+    ///   the old one), N = 4096, against staged runs of 4 (K >= 6144) or the register prefetch
+    ///   (K <= 4096): K=7168 22.82-22.93 -> 21.50-21.55 µs, K=6144 20.06-20.13 -> 19.39-19.46,
+    ///   K=4096 14.30-14.43 -> 13.52-13.60, K=3072 11.35-11.36 -> 11.04-11.07, K=2560
+    ///   10.11-10.14 -> 9.57-9.60; the rounded rows 2.8-7.5 % faster likewise.
     fn pipeline(
         input: u8,
         gathered: bool,
