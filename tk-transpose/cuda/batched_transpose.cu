@@ -6,12 +6,15 @@
 //                     V = 16 / E); 0: generic shared-memory path, any sizes and strides.
 //   TK_TILE_X      (staged path) input rows per tile; TK_TILE_X * E is 32, 64 or 128 bytes.
 //   TK_BANDS       (staged path) 128-byte column bands per tile (1, 2 or 4).
+//   TK_LEAN        (staged path) 1: the tile's loads issued without branches (out-of-range vectors
+//                     zero-filled, the hint a predicate) and no barrier before a block's first
+//                     tile; 0: a branch around each load and its hint.
 //
 // Staged path: a block of NT = 2 * TK_TILE_X * E threads moves one tile of TK_TILE_X input rows
 // x TK_BANDS * 128 bytes through shared memory in two steps:
 //   1. load: each thread copies 4 / E 16-byte vectors per band straight from global to shared
 //      memory (cp.async, no registers); a warp reads 4 input rows x 128 contiguous bytes per
-//      instruction;
+//      instruction (TK_LEAN: vectors outside the matrix zero-filled, read by no task);
 //   2. store: each thread owns one task per band: W = 4 / E output rows x one 16-byte output
 //      vector (V consecutive x). It reads V 4-byte words (one per input row, same column),
 //      transposes the V x W elements with byte permutes and writes W 16-byte vectors; a warp
@@ -34,6 +37,9 @@ using tk::u64;
 typedef tk::uint_of_size<TK_ELEM_BYTES>::type elem_t;
 
 #if TK_VEC
+#ifndef TK_LEAN
+#error "TK_LEAN must be defined for the staged path"
+#endif
 #ifndef TK_TILE_X
 #error "TK_TILE_X (input rows per tile) must be defined for the staged path"
 #endif
@@ -78,6 +84,16 @@ __device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bo
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
+// The branch-free form (TK_LEAN): `n` source bytes, 16 or 0 (nothing read, the 16 bytes of
+// shared memory zero-filled), and the hint chosen by a predicate instead of a branch.
+__device__ __forceinline__ void copy16_async_n(uint4* smem, const elem_t* gmem, u32 n, bool wide) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("{\n .reg .pred h;\n setp.ne.b32 h, %3, 0;\n"
+                 " @h cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
+                 " @!h cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(s), "l"(gmem), "r"(n), "r"((u32)wide)
+                 : "memory");
+}
+
 // Whether the load at `gmem` (`before` elements of its row before it, `after` from it to the
 // row's end) may take the `.L2::256B` hint: whether the aligned 256-byte block around it lies
 // inside the row. At a row end the other half of the block is data no block reads (a wider
@@ -88,6 +104,8 @@ __device__ __forceinline__ void copy16_async(uint4* smem, const elem_t* gmem, bo
 // in a block) so the byte counts fit 32 bits.
 __device__ __forceinline__ bool load_hint(bool dense, const elem_t* gmem, u32 before, u32 after) {
     const u32 a = (u32)reinterpret_cast<u64>(gmem) & 255;  // offset of gmem in its 256-byte block
+    if (TK_LEAN)  // both tests evaluated: a select, no branch
+        return dense | ((a <= min(before, 256u) * E) & (256 - a <= min(after, 256u) * E));
     return dense || (a <= min(before, 256u) * E && 256 - a <= min(after, 256u) * E);
 }
 
@@ -137,22 +155,30 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
     // Tiles along y; X - x0 and Y - y0 bound the offsets below, so nothing overflows for any
     // X, Y < 2^32.
     const u32 nty = Y / (BANDS * BY) + (Y % (BANDS * BY) != 0);
+    bool first = true;  // no tile staged yet
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {
         const elem_t* src = in + (u64)b * bs;  // (X, Y) stride (ld, 1)
         elem_t* dst = out + (u64)b * X * Y;    // (Y, X) contiguous
         const bool dense = ld == Y;            // rows back to back
         for (u32 ty = blockIdx.y; ty < nty; ty += gridDim.y) {
             const u32 y0 = ty * BANDS * BY;  // tile origin along y
-            __syncthreads();                 // the previous tile's reads of shared memory are done
+            // The previous tile's reads of shared memory are done (lean: none before the first).
+            if (!TK_LEAN || !first) __syncthreads();
+            first = false;
             // This thread's first vector; the others are NT / 8 rows and whole bands further on.
             const elem_t* p = src + (u64)(x0 + lr) * ld + y0 + lu * V;
+            const auto at = [&](u32 k, u32 c) { return p + k * (NT / 8) * ld + c * BY; };  // element (x0 + r, y0 + u)
 #pragma unroll
             for (u32 c = 0; c < BANDS; ++c) {
 #pragma unroll
                 for (u32 k = 0; k < LOADS; ++k) {
                     const u32 r = lr + k * (NT / 8), u = c * BY + lu * V;  // row, element offset in the tile
-                    if (r < X - x0 && u < Y - y0) {
-                        const elem_t* g = p + k * (NT / 8) * ld + c * BY;  // element (x0 + r, y0 + u)
+                    const bool ok = r < X - x0 && u < Y - y0;
+                    if (TK_LEAN) {  // g is not read unless ok
+                        const elem_t* g = at(k, c);
+                        copy16_async_n(&tile[c][r][lu ^ swz(r)], ok ? g : src, ok ? 16 : 0, load_hint(dense, g, y0 + u, Y - y0 - u));
+                    } else if (ok) {
+                        const elem_t* g = at(k, c);
                         copy16_async(&tile[c][r][lu ^ swz(r)], g, load_hint(dense, g, y0 + u, Y - y0 - u));
                     }
                 }

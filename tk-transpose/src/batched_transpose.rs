@@ -23,8 +23,9 @@
 //! stages a tile of (32, 64 or 128 bytes of x) × (128, 256 or 512 bytes of y) in swizzled shared
 //! memory with 16-byte loads and writes it back with 16-byte stores (the tile height is picked
 //! from the shape so that small problems still give every SM several blocks, and large launches
-//! keep 4 blocks per SM resident instead of 6, which moves their bytes faster); otherwise a
-//! 32 × 32 shared-memory tile kernel handles any shape. `transpose_into_tiled` and
+//! keep 4 blocks per SM resident instead of 6, which moves their bytes faster; e4m3 launches of
+//! at least 4 tiles per SM issue a tile's loads without branches); otherwise a 32 × 32
+//! shared-memory tile kernel handles any shape. `transpose_into_tiled` and
 //! `batched_transpose_into_tiled` take the staged kernel's tiling explicitly (benchmarks, tuning).
 //! The ops never synchronise with the host and are safe to capture in a CUDA graph (after
 //! [`prewarm`]).
@@ -218,13 +219,17 @@ mod gpu {
     }
 
     /// The kernel specialisation for element size `elem_bytes`: the staged-tile path with
-    /// `tiling`, or the generic path for `None`.
-    pub fn kernel_spec(elem_bytes: usize, tiling: Option<Tiling>) -> KernelSpec {
+    /// `tiling` (its loads issued without branches if `lean`), or the generic path for `None`
+    /// (`lean` ignored).
+    pub fn kernel_spec(elem_bytes: usize, tiling: Option<Tiling>, lean: bool) -> KernelSpec {
         let spec = KernelSpec::new(&SOURCE)
             .define("TK_ELEM_BYTES", elem_bytes)
             .define("TK_VEC", tiling.is_some() as u8);
         match tiling {
-            Some(t) => spec.define("TK_TILE_X", t.rows).define("TK_BANDS", t.bands),
+            Some(t) => spec
+                .define("TK_TILE_X", t.rows)
+                .define("TK_BANDS", t.bands)
+                .define("TK_LEAN", lean as u8),
             None => spec,
         }
     }
@@ -234,9 +239,11 @@ mod gpu {
         [1, 2, 4]
             .into_iter()
             .flat_map(|e| {
+                // The branch-free loads are launched for e4m3 only (lean_loads).
+                let leans: &'static [bool] = if e == 1 { &[false, true] } else { &[false] };
                 Tiling::supported(e)
-                    .map(move |t| kernel_spec(e, Some(t)))
-                    .chain([kernel_spec(e, None)])
+                    .flat_map(move |t| leans.iter().map(move |&l| kernel_spec(e, Some(t), l)))
+                    .chain([kernel_spec(e, None, false)])
             })
             .collect()
     }
@@ -355,7 +362,11 @@ mod gpu {
         } else {
             (generic_config(&g), None)
         };
-        let f = dev.function(&kernel_spec(e, tiling))?;
+        let lean = tiling.is_some_and(|t| {
+            let (nx, ny) = tile_counts(&g, e, &t);
+            lean_loads(e, nx * ny * g.batches, dev.props().sm_count as usize)
+        });
+        let f = dev.function(&kernel_spec(e, tiling, lean))?;
         if let Some(t) = tiling {
             // Up to 6 blocks × (16 or 32 KB + 1 KB reserved): up to the 228 KB configuration;
             // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
@@ -448,6 +459,19 @@ mod gpu {
                 bands: 1,
             }
         }
+    }
+
+    /// Whether a staged launch of `tiles` tiles of `e`-byte elements issues its loads without
+    /// branches (`TK_LEAN`): e4m3 launches of at least 4 tiles per SM. The branch-free form
+    /// issues a tile's loads in about half the instructions (sm_90a: the 8 loads of a 128-row
+    /// 2-band e4m3 tile end at instruction ~230 instead of ~370). H200, session 18
+    /// (tk-transpose PERF.md; D4, this rule against main, 3 interleaved rounds): 8064x2560 e4m3
+    /// 12.22-12.26 -> 11.82-11.95 µs, 4032x6144 14.32-14.40 -> 14.02-14.06, 8064x3072 / 8064x4096
+    /// / 4032x7168 2 % faster, 8x8064x576 1.8 %, 8064x7168 30.78-30.82 -> 30.62-30.80; bf16 and
+    /// smaller launches keep the branches, as the branch-free form measured slower there (D2,
+    /// D3: 4032x2560 / 4032x3072 e4m3, 315 and 378 tiles, 5-6 %; 4032x576 bf16 2 %).
+    fn lean_loads(e: usize, tiles: usize, sms: usize) -> bool {
+        e == 1 && tiles >= 4 * sms
     }
 
     /// Resident blocks per SM that [`residency_pad`] holds large launches to.
@@ -671,6 +695,22 @@ mod gpu {
             assert_eq!(residency_pad(&h200, &Tiling::new(2, 128), large - 1), 0);
             let small = Tiling { rows: 64, bands: 1 };
             assert_eq!(residency_pad(&h200, &small, 8 * large), 0);
+        }
+
+        #[test]
+        fn lean_loads_for_e4m3_launches_of_4_tiles_per_sm() {
+            // 8064x2560 e4m3 in 64-row x 4-band tiles: 630 tiles on 132 SMs; 4032x3072: 378.
+            assert!(lean_loads(1, 630, 132));
+            assert!(lean_loads(1, 528, 132));
+            assert!(!lean_loads(1, 527, 132));
+            assert!(!lean_loads(1, 378, 132));
+            for e in [2, 4] {
+                assert!(!lean_loads(e, 1 << 20, 132));
+            }
+            // Every launchable (tiling, lean) pair is registered: both forms for e4m3 only.
+            let specs = registered_kernels();
+            let staged = |e: usize| Tiling::supported(e).count();
+            assert_eq!(specs.len(), 2 * staged(1) + staged(2) + staged(4) + 3);
         }
     }
 }
