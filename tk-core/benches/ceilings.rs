@@ -19,6 +19,8 @@ use tk_core::Result;
 
 /// (shape the stream stands for, input bytes, vectors read, vectors written per item).
 const CASES: &[(&str, usize, u32, u32)] = &[
+    ("transpose 4032x576 e4m3", 4032 * 576, 1, 1),
+    ("transpose 4032x576 bf16", 4032 * 576 * 2, 1, 1),
     ("transpose 8064x7168 e4m3", 8064 * 7168, 1, 1),
     ("transpose 8064x7168 bf16", 8064 * 7168 * 2, 1, 1),
     ("cast 8001x7168 bf16->e4m3", 8001 * 7168 * 2, 2, 1),
