@@ -362,10 +362,12 @@ mod gpu {
         } else {
             (generic_config(&g), None)
         };
-        let lean = tiling.is_some_and(|t| {
+        // Tiles of a staged launch (0 for the generic path).
+        let tiles = tiling.map_or(0, |t| {
             let (nx, ny) = tile_counts(&g, e, &t);
-            lean_loads(e, nx * ny * g.batches, dev.props().sm_count as usize)
+            nx * ny * g.batches
         });
+        let lean = tiling.is_some() && lean_loads(e, tiles, dev.props().sm_count as usize);
         let f = dev.function(&kernel_spec(e, tiling, lean))?;
         if let Some(t) = tiling {
             // Up to 6 blocks × (16 or 32 KB + 1 KB reserved): up to the 228 KB configuration;
@@ -375,8 +377,7 @@ mod gpu {
                 100,
             )
             .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
-            let (nx, ny) = tile_counts(&g, e, &t);
-            let pad = residency_pad(dev.props(), &t, nx * ny * g.batches);
+            let pad = residency_pad(dev.props(), &t, tiles);
             if pad > 0 {
                 // The same value for every launch of this specialisation (it depends on the
                 // device and the tile only), so concurrent launches cannot disagree on it.
