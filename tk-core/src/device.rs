@@ -43,8 +43,9 @@ pub struct DeviceProps {
 struct Shared {
     ctx: Arc<CudaContext>,
     props: DeviceProps,
-    /// In-memory kernel cache: cache key -> loaded function.
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// In-memory kernel cache: specialisation (source by address, defines) -> loaded function.
+    /// A launch's lookup hashes a few define strings, not the source text.
+    functions: Mutex<HashMap<KernelSpec, CudaFunction>>,
 }
 
 /// A GPU with a stream to enqueue work on. See the module docs.
@@ -328,17 +329,21 @@ impl Device {
 
     /// The loaded function for a kernel specialisation: from the in-memory cache, else the disk
     /// cache, else compiled by NVRTC for this device's architecture (and then cached in both).
+    ///
+    /// Every op calls this on every launch. The in-memory lookup costs a hash of the spec's
+    /// defines (well under a microsecond); only a miss computes the disk-cache key (a hash of
+    /// the full source and headers, the include path and the NVRTC version).
     pub fn function(&self, spec: &KernelSpec) -> Result<CudaFunction> {
-        let key = spec.cache_key(&self.shared.props.arch)?;
         if let Some(f) = self
             .shared
             .functions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
+            .get(spec)
         {
             return Ok(f.clone());
         }
+        let key = spec.cache_key(&self.shared.props.arch)?;
         let cubin = kernel::cubin_cached(spec, &self.shared.props.arch, &key)?;
         let module = self
             .shared
@@ -352,7 +357,7 @@ impl Device {
             .functions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, f.clone());
+            .insert(spec.clone(), f.clone());
         Ok(f)
     }
 

@@ -23,6 +23,7 @@
 use std::ffi::{c_char, c_int, CString};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use cudarc::nvrtc::sys;
 
@@ -48,10 +49,30 @@ pub struct KernelSource {
 }
 
 /// A kernel specialisation: a source plus its compile-time constants.
+///
+/// Two specs are equal (and hash alike) when they name the same `static` [`KernelSource`] (by
+/// address) and the same defines in the same order: the in-memory kernel cache
+/// ([`crate::Device::function`]) looks a launch's function up by this identity, without hashing
+/// the source text.
 #[derive(Debug, Clone)]
 pub struct KernelSpec {
     source: &'static KernelSource,
     defines: Vec<(String, String)>,
+}
+
+impl PartialEq for KernelSpec {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.source, other.source) && self.defines == other.defines
+    }
+}
+
+impl Eq for KernelSpec {}
+
+impl std::hash::Hash for KernelSpec {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        std::ptr::hash(self.source, h);
+        self.defines.hash(h);
+    }
 }
 
 impl KernelSpec {
@@ -168,8 +189,11 @@ impl Compiled {
 
 /// Returns an error unless NVRTC can be loaded (cudarc panics otherwise).
 pub fn check_nvrtc_loadable() -> Result<()> {
+    // Probed once per process: the dynamic loader's search path does not change after start-up,
+    // and each probe dlopens every candidate name (hundreds of µs).
+    static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries to dlopen the library by its candidate names; no symbol is called.
-    if unsafe { sys::is_culib_present() } {
+    if *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
         Ok(())
     } else {
         Err(TkError::LibraryNotFound {
@@ -184,12 +208,16 @@ pub fn check_nvrtc_loadable() -> Result<()> {
 
 /// The NVRTC version `(major, minor)`.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
+    static VERSION: OnceLock<(i32, i32)> = OnceLock::new();
+    if let Some(v) = VERSION.get() {
+        return Ok(*v);
+    }
     check_nvrtc_loadable()?;
     let (mut major, mut minor): (c_int, c_int) = (0, 0);
     // SAFETY: NVRTC is loadable (checked above); both pointers are valid for writes.
     let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
     nvrtc_ok(r, "nvrtcVersion")?;
-    Ok((major, minor))
+    Ok(*VERSION.get_or_init(|| (major, minor)))
 }
 
 fn nvrtc_ok(r: sys::nvrtcResult, what: &str) -> Result<()> {
