@@ -39,6 +39,7 @@ pub fn registered_kernels() -> Vec<(&'static str, tk_core::KernelSpec)> {
     #[allow(unused_mut)]
     let mut v: Vec<(&'static str, tk_core::KernelSpec)> = vec![
         ("core", tk_core::bench::copy_kernel_spec()),
+        ("core", tk_core::bench::fill_kernel_spec()),
         ("core", tk_core::testing::convert_check_kernel_spec()),
     ];
     v.extend(

@@ -5,6 +5,7 @@
 //! (`extras/CUPTI/lib64`) and in PyPI's `nvidia-cuda-cupti`; when it can't be loaded,
 //! [`enable`] returns false and the bench falls back to CUDA events.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use cudarc::cupti::sys;
@@ -13,8 +14,14 @@ use cudarc::cupti::sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Kernel,
-    Memset,
+    /// The L2 flush before a call: a memset, or a kernel launched with [`FLUSH_GRID_X`] blocks
+    /// of 128 threads.
+    Flush,
 }
+
+/// Grid size (x) of the flush kernel when the bench flushes with a kernel (0: it flushes with
+/// a memset). No op launches a one-dimensional grid of that many 128-thread blocks.
+pub(crate) static FLUSH_GRID_X: AtomicU32 = AtomicU32::new(0);
 
 /// `(kind, start ns, end ns)` of every completed activity record not yet drained.
 static RECORDS: Mutex<Vec<(Kind, u64, u64)>> = Mutex::new(Vec::new());
@@ -50,21 +57,31 @@ unsafe extern "C" fn buffer_completed(
     }
     let mut out = Vec::new();
     let mut record: *mut sys::CUpti_Activity = std::ptr::null_mut();
+    let flush_grid = FLUSH_GRID_X.load(Ordering::Relaxed) as i32;
     // SAFETY: `buffer` holds `valid` bytes of records written by CUPTI; each record starts with
     // its kind, and kernel (version >= 4) and memset (version 4) records both keep `start` and
-    // `end` as u64s at byte offsets 16 and 24.
+    // `end` as u64s at byte offsets 16 and 24; kernel records keep `gridX` and `blockX` as
+    // i32s at byte offsets 52 and 64 (the test below checks these offsets).
     unsafe {
         while sys::cuptiActivityGetNextRecord(buffer, valid, &mut record)
             == sys::CUptiResult::CUPTI_SUCCESS
         {
             let kind = (*record).kind;
+            let base = record as *const u8;
             let kind = match kind {
                 sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL
-                | sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => Kind::Kernel,
-                sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET => Kind::Memset,
+                | sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
+                    let grid_x = std::ptr::read_unaligned(base.add(52) as *const i32);
+                    let block_x = std::ptr::read_unaligned(base.add(64) as *const i32);
+                    if flush_grid > 0 && grid_x == flush_grid && block_x == 128 {
+                        Kind::Flush
+                    } else {
+                        Kind::Kernel
+                    }
+                }
+                sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET => Kind::Flush,
                 _ => continue,
             };
-            let base = record as *const u8;
             let start = std::ptr::read_unaligned(base.add(16) as *const u64);
             let end = std::ptr::read_unaligned(base.add(24) as *const u64);
             out.push((kind, start, end));
@@ -115,7 +132,7 @@ pub(crate) fn per_call_us(records: &[(Kind, u64, u64)], calls: usize) -> Option<
     let mut kernels_in_call = Vec::with_capacity(calls);
     for &(kind, start, end) in records {
         match kind {
-            Kind::Memset => {
+            Kind::Flush => {
                 out.push(0.0);
                 kernels_in_call.push(0usize);
             }
@@ -130,4 +147,20 @@ pub(crate) fn per_call_us(records: &[(Kind, u64, u64)], calls: usize) -> Option<
     }
     let last = out.len().checked_sub(calls)?;
     (kernels_in_call[last..].iter().all(|&n| n > 0)).then(|| out.split_off(last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sys;
+    use std::mem::offset_of;
+
+    #[test]
+    fn record_field_offsets_match_the_ones_read() {
+        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, start), 16);
+        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, end), 24);
+        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, gridX), 52);
+        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, blockX), 64);
+        assert_eq!(offset_of!(sys::CUpti_ActivityMemset4, start), 16);
+        assert_eq!(offset_of!(sys::CUpti_ActivityMemset4, end), 24);
+    }
 }

@@ -5,6 +5,9 @@
 //!   no launch gaps, no event overhead), or, where CUPTI can't be loaded, CUDA events recorded
 //!   right around the call (which add a fixed overhead, printed as the "timing floor"); every
 //!   record also carries the event time;
+//! * the host time per call: the median CPU time of enqueuing one call (the op's checks, its
+//!   kernel lookup and the driver's launch calls; with CUPTI on, its launch callback too), which
+//!   a CPU-bound caller pays per op outside CUDA graphs;
 //! * the L2 cache flushed (a memset of max(256 MiB, 2 × L2)) before every timed call, so small
 //!   shapes are measured cold, as upstream's CUPTI harness does;
 //! * warm-up calls first (they also compile), then the **median** of [`TIMED_CALLS`] calls;
@@ -55,6 +58,21 @@ static STREAM_SRC: KernelSource = KernelSource {
     needs_cuda_headers: false,
 };
 
+static FILL_SRC: KernelSource = KernelSource {
+    file: "fill.cu",
+    entry: "tk_fill16",
+    code: include_str!("../../cuda/fill.cu"),
+    headers: &[],
+    needs_cuda_headers: false,
+};
+
+/// The zero-fill kernel of the `TK_BENCH_FLUSH=fill` flush (registered for compile checks):
+/// arguments `dst` (`n16` 16-byte vectors), `n16: u64`; 128-thread blocks, each zeroing 512
+/// vectors.
+pub fn fill_kernel_spec() -> KernelSpec {
+    KernelSpec::new(&FILL_SRC)
+}
+
 /// Read and write widths (16-byte vectors per item) of the streaming probe.
 pub const STREAM_WIDTHS: [u32; 4] = [1, 2, 4, 8];
 
@@ -102,6 +120,9 @@ pub struct Record {
     pub pct_of_ceiling: f64,
     /// Median CUDA-event time per call (includes launch overhead), µs.
     pub event_us: f64,
+    /// Median host (CPU) time to enqueue one call, µs: argument checks, the kernel lookup and
+    /// the driver's launch calls, with the GPU busy on earlier work.
+    pub host_us: f64,
     /// How `median_us` was measured: `cupti` (kernel time) or `events`.
     pub method: &'static str,
 }
@@ -115,6 +136,8 @@ pub struct Bench {
     jsonl: Option<PathBuf>,
     records: Vec<Record>,
     cupti: bool,
+    /// The flush kernel when `TK_BENCH_FLUSH=fill`, else `None` (a memset).
+    fill: Option<cudarc::driver::CudaFunction>,
 }
 
 impl Bench {
@@ -150,7 +173,15 @@ impl Bench {
             jsonl,
             records: Vec::new(),
             cupti: false,
+            fill: None,
         };
+        if std::env::var("TK_BENCH_FLUSH").is_ok_and(|v| v == "fill") {
+            b.fill = Some(b.dev.function(&fill_kernel_spec())?);
+            cupti::FLUSH_GRID_X.store(
+                fill_grid_x(flush_bytes),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         b.ceiling_gbs = b.measure_copy_ceiling()?;
         let floor = b.timing_floor_us()?;
         b.cupti = cupti::enable();
@@ -215,14 +246,14 @@ impl Bench {
                     .map(|_| ())
                     .ctx("launching the copy kernel")
             })?;
-            best = best.max(2.0 * BYTES as f64 / median(&times) / 1e3);
+            best = best.max(2.0 * BYTES as f64 / median(&event_us(&times)) / 1e3);
         }
         // The driver's own device-to-device copy, in case it beats the kernel on this device.
         let times = self.time_calls(10, false, || {
             let (s, d) = (src.buffer(), dst.buffer_mut());
             self.dev.stream().memcpy_dtod(s, d).ctx("cuMemcpyDtoDAsync")
         })?;
-        Ok(best.max(2.0 * BYTES as f64 / median(&times) / 1e3))
+        Ok(best.max(2.0 * BYTES as f64 / median(&event_us(&times)) / 1e3))
     }
 
     /// The median time of an empty launch measured like an op: what the timing method itself adds.
@@ -242,46 +273,74 @@ impl Bench {
                 .map(|_| ())
                 .ctx("launching an empty copy")
         })?;
-        Ok(median(&times))
+        Ok(median(&event_us(&times)))
     }
 
-    /// Times `calls` calls of `f` with events, optionally flushing L2 before each; µs per call.
+    /// Enqueues the L2 flush: a memset of the flush buffer at `ptr`, or the fill kernel.
+    fn flush_l2(&self, ptr: u64) -> Result<()> {
+        let bytes = self.flush.buffer().len();
+        match &self.fill {
+            Some(f) => {
+                let n16 = (bytes / 16) as u64;
+                let cfg = LaunchConfig {
+                    grid_dim: (fill_grid_x(bytes), 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut l = self.dev.stream().launch_builder(f);
+                l.arg(&ptr).arg(&n16);
+                // SAFETY: the flush buffer is live and holds n16 16-byte vectors (its size is a
+                // multiple of 16); the kernel writes only those.
+                unsafe { l.launch(cfg) }
+                    .map(|_| ())
+                    .ctx("flushing L2 (fill kernel)")
+            }
+            // SAFETY: the flush buffer is live and holds `bytes` bytes.
+            None => unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    ptr,
+                    0,
+                    bytes,
+                    self.dev.stream().cu_stream(),
+                )
+            }
+            .ctx("flushing L2"),
+        }
+    }
+
+    /// Times `calls` calls of `f` with events, optionally flushing L2 before each: per call, the
+    /// event time and the host time to enqueue it, µs.
     fn time_calls(
         &self,
         calls: usize,
         flush: bool,
         mut f: impl FnMut() -> Result<()>,
-    ) -> Result<Vec<f64>> {
+    ) -> Result<Vec<CallTime>> {
         for _ in 0..WARMUP_CALLS {
             f()?;
         }
-        let mut events = Vec::with_capacity(2 * calls);
+        let mut events = Vec::with_capacity(calls);
         let flush_view = self.flush.view();
         for _ in 0..calls {
             if flush {
-                let ptr = flush_view.address();
-                // SAFETY: the flush buffer is live and holds `len` bytes.
-                unsafe {
-                    cudarc::driver::result::memset_d8_async(
-                        ptr,
-                        0,
-                        self.flush.buffer().len(),
-                        self.dev.stream().cu_stream(),
-                    )
-                }
-                .ctx("flushing L2")?;
+                self.flush_l2(flush_view.address())?;
             }
             let start = self.dev.record_event(true)?;
+            let t = Instant::now();
             f()?;
-            events.push((start, self.dev.record_event(true)?));
+            let host_us = t.elapsed().as_secs_f64() * 1e6;
+            events.push((start, self.dev.record_event(true)?, host_us));
         }
         self.dev.synchronize()?;
         events
             .iter()
-            .map(|(a, b)| {
+            .map(|(a, b, host_us)| {
                 a.elapsed_ms(b)
                     .ctx("reading event times")
-                    .map(|ms| ms as f64 * 1e3)
+                    .map(|ms| CallTime {
+                        event_us: ms as f64 * 1e3,
+                        host_us: *host_us,
+                    })
             })
             .collect()
     }
@@ -302,7 +361,8 @@ impl Bench {
             self.dev.synchronize()?;
             cupti::drain();
         }
-        let event_times = self.time_calls(TIMED_CALLS, true, f)?;
+        let calls = self.time_calls(TIMED_CALLS, true, f)?;
+        let event_times = event_us(&calls);
         let kernel_times = if self.cupti {
             cupti::per_call_us(&cupti::drain(), TIMED_CALLS)
         } else {
@@ -327,11 +387,12 @@ impl Bench {
             gbs,
             pct_of_ceiling: 100.0 * gbs / self.ceiling_gbs,
             event_us: median(&event_times),
+            host_us: median(&calls.iter().map(|c| c.host_us).collect::<Vec<_>>()),
             method,
         };
         println!(
-            "{:<22} {:<34} {:>9.2} µs {:>7.0} GB/s {:>5.1} %  (events {:.2} µs)",
-            r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling, r.event_us
+            "{:<22} {:<34} {:>9.2} µs {:>7.0} GB/s {:>5.1} %  (events {:.2} µs, host {:.2} µs)",
+            r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling, r.event_us, r.host_us
         );
         self.records.push(r);
         Ok(())
@@ -400,21 +461,22 @@ impl Bench {
     pub fn finish(self) -> Result<Vec<Record>> {
         let p = self.dev.props();
         println!(
-            "\n| op | params | µs (median) | GB/s | % of copy ceiling ({:.0} GB/s) | event µs |\n|---|---|---:|---:|---:|---:|",
+            "\n| op | params | µs (median) | GB/s | % of copy ceiling ({:.0} GB/s) | event µs | host µs |\n|---|---|---:|---:|---:|---:|---:|",
             self.ceiling_gbs
         );
         for r in &self.records {
             println!(
-                "| {} | {} | {:.2} | {:.0} | {:.1} % | {:.2} |",
-                r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling, r.event_us
+                "| {} | {} | {:.2} | {:.0} | {:.1} % | {:.2} | {:.2} |",
+                r.op, r.params, r.median_us, r.gbs, r.pct_of_ceiling, r.event_us, r.host_us
             );
             self.write_jsonl(&format!(
-                "{{\"kind\":\"bench\",\"op\":\"{}\",\"params\":\"{}\",\"median_us\":{:.3},\"min_us\":{:.3},\"event_us\":{:.3},\"method\":\"{}\",\"bytes\":{},\"gbs\":{:.1},\"pct_of_ceiling\":{:.2},\"ceiling_gbs\":{:.1},\"device\":\"{}\"}}",
+                "{{\"kind\":\"bench\",\"op\":\"{}\",\"params\":\"{}\",\"median_us\":{:.3},\"min_us\":{:.3},\"event_us\":{:.3},\"host_us\":{:.3},\"method\":\"{}\",\"bytes\":{},\"gbs\":{:.1},\"pct_of_ceiling\":{:.2},\"ceiling_gbs\":{:.1},\"device\":\"{}\"}}",
                 json_escape(&r.op),
                 json_escape(&r.params),
                 r.median_us,
                 r.min_us,
                 r.event_us,
+                r.host_us,
                 r.method,
                 r.bytes,
                 r.gbs,
@@ -425,6 +487,21 @@ impl Bench {
         }
         Ok(self.records)
     }
+}
+
+/// Blocks of the fill kernel for a flush of `bytes` bytes (128 threads × 4 vectors each).
+fn fill_grid_x(bytes: usize) -> u32 {
+    (bytes / 16).div_ceil(128 * 4) as u32
+}
+
+/// One timed call: its CUDA-event time and the host time to enqueue it, µs.
+struct CallTime {
+    event_us: f64,
+    host_us: f64,
+}
+
+fn event_us(calls: &[CallTime]) -> Vec<f64> {
+    calls.iter().map(|c| c.event_us).collect()
 }
 
 fn median(v: &[f64]) -> f64 {
