@@ -94,7 +94,7 @@ unsafe extern "C" fn buffer_completed(
         .extend(out);
 }
 
-/// Starts recording kernel and memset activity; false if CUPTI can't be loaded or refuses.
+/// Starts recording kernel and memset activity (the memset flush is a memset record); false if CUPTI can't be loaded or refuses.
 pub(crate) fn enable() -> bool {
     // SAFETY: only probes whether the library can be opened.
     if !unsafe { sys::is_culib_present() } {
@@ -124,9 +124,9 @@ pub(crate) fn drain() -> Vec<(Kind, u64, u64)> {
     v
 }
 
-/// Per-call kernel time (µs) for `calls` calls that each began with one memset (the L2 flush):
-/// the kernels between one memset and the next belong to one call. `None` if the records don't
-/// have that shape.
+/// Per-call kernel time (µs) for `calls` calls that each began with one L2 flush (a
+/// [`Kind::Flush`] record): the kernels between one flush and the next belong to one call.
+/// `None` if the records don't have that shape.
 pub(crate) fn per_call_us(records: &[(Kind, u64, u64)], calls: usize) -> Option<Vec<f64>> {
     let mut out: Vec<f64> = Vec::with_capacity(calls);
     let mut kernels_in_call = Vec::with_capacity(calls);
@@ -151,8 +151,27 @@ pub(crate) fn per_call_us(records: &[(Kind, u64, u64)], calls: usize) -> Option<
 
 #[cfg(test)]
 mod tests {
-    use super::sys;
+    use super::{per_call_us, sys, Kind};
     use std::mem::offset_of;
+
+    #[test]
+    fn calls_are_the_kernels_between_flushes() {
+        let (f, k) = (Kind::Flush, Kind::Kernel);
+        // An untimed call, then two timed calls of one and of two kernels.
+        let r = [
+            (f, 0, 90),
+            (k, 100, 2_100),
+            (f, 3_000, 90_000),
+            (k, 90_500, 93_500),
+            (f, 95_000, 180_000),
+            (k, 180_500, 181_500),
+            (k, 182_000, 182_250),
+        ];
+        assert_eq!(per_call_us(&r, 2), Some(vec![3.0, 1.25]));
+        // A call whose kernel record is missing is not a match.
+        assert_eq!(per_call_us(&r[..5], 2), None);
+        assert_eq!(per_call_us(&r, 4), None);
+    }
 
     #[test]
     fn record_field_offsets_match_the_ones_read() {

@@ -8,8 +8,12 @@
 //! * the host time per call: the median CPU time of enqueuing one call (the op's checks, its
 //!   kernel lookup and the driver's launch calls; with CUPTI on, its launch callback too), which
 //!   a CPU-bound caller pays per op outside CUDA graphs;
-//! * the L2 cache flushed (a memset of max(256 MiB, 2 × L2)) before every timed call, so small
-//!   shapes are measured cold, as upstream's CUPTI harness does;
+//! * the L2 cache flushed before every timed call, so small shapes are measured cold, as
+//!   upstream's CUPTI harness does: a zero-fill kernel over max(256 MiB, 2 × L2) with 16-byte
+//!   stores, the form of upstream's flush (`torch.zero_()` of a 256 MB int32 buffer, an
+//!   elementwise kernel); `TK_BENCH_FLUSH=memset` flushes with `cuMemsetD8Async` instead, the
+//!   method of the sessions before 19 (small shapes measure 0.5-3 % slower after it: the
+//!   flush's write-back is still draining when the timed kernel starts);
 //! * warm-up calls first (they also compile), then the **median** of [`TIMED_CALLS`] calls;
 //! * bytes moved = each input read once + each output written once (the op's own count);
 //! * the device copy ceiling measured in the same run: a 16-byte-vectorised device-to-device
@@ -66,9 +70,8 @@ static FILL_SRC: KernelSource = KernelSource {
     needs_cuda_headers: false,
 };
 
-/// The zero-fill kernel of the `TK_BENCH_FLUSH=fill` flush (registered for compile checks):
-/// arguments `dst` (`n16` 16-byte vectors), `n16: u64`; 128-thread blocks, each zeroing 512
-/// vectors.
+/// The bench's L2 flush kernel (registered for compile checks): arguments `dst` (`n16`
+/// 16-byte vectors), `n16: u64`; 128-thread blocks, each zeroing 512 vectors.
 pub fn fill_kernel_spec() -> KernelSpec {
     KernelSpec::new(&FILL_SRC)
 }
@@ -136,7 +139,7 @@ pub struct Bench {
     jsonl: Option<PathBuf>,
     records: Vec<Record>,
     cupti: bool,
-    /// The flush kernel when `TK_BENCH_FLUSH=fill`, else `None` (a memset).
+    /// The flush kernel, or `None` with `TK_BENCH_FLUSH=memset` (a memset).
     fill: Option<cudarc::driver::CudaFunction>,
 }
 
@@ -175,7 +178,7 @@ impl Bench {
             cupti: false,
             fill: None,
         };
-        if std::env::var("TK_BENCH_FLUSH").is_ok_and(|v| v == "fill") {
+        if std::env::var("TK_BENCH_FLUSH").map_or(true, |v| v != "memset") {
             b.fill = Some(b.dev.function(&fill_kernel_spec())?);
             cupti::FLUSH_GRID_X.store(
                 fill_grid_x(flush_bytes),
