@@ -9,7 +9,9 @@
 //! directly (`nvrtcGetCUBIN`), so no PTX JIT happens at load time.
 //!
 //! Caches:
-//! 1. in memory, per [`crate::Device`] (loaded functions);
+//! 1. in memory, per [`crate::Device`] (loaded functions), looked up by the spec itself (its
+//!    source's address and its defines: a launch hashes a few short strings, well under a
+//!    microsecond); the disk key below is computed only on a miss;
 //! 2. on disk under `$TK_CACHE_DIR` (default `$XDG_CACHE_HOME/tile-kernels` or
 //!    `~/.cache/tile-kernels`; `TK_CACHE_DIR=off` disables it). The key hashes the entry name,
 //!    the full source and headers, the options (defines, include path), the NVRTC version and the
