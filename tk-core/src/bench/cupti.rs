@@ -5,7 +5,7 @@
 //! (`extras/CUPTI/lib64`) and in PyPI's `nvidia-cuda-cupti`; when it can't be loaded,
 //! [`enable`] returns false and the bench falls back to CUDA events.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::ffi::{c_char, CStr};
 use std::sync::Mutex;
 
 use cudarc::cupti::sys;
@@ -14,14 +14,10 @@ use cudarc::cupti::sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Kernel,
-    /// The L2 flush before a call: a memset, or a kernel launched with [`FLUSH_GRID_X`] blocks
-    /// of 128 threads.
+    /// The L2 flush before a call: a memset, or the bench's flush kernel (`cuda/fill.cu`, which
+    /// no op launches).
     Flush,
 }
-
-/// Grid size (x) of the flush kernel when the bench flushes with a kernel (0: it flushes with
-/// a memset). No op launches a one-dimensional grid of that many 128-thread blocks.
-pub(crate) static FLUSH_GRID_X: AtomicU32 = AtomicU32::new(0);
 
 /// `(kind, start ns, end ns)` of every completed activity record not yet drained.
 static RECORDS: Mutex<Vec<(Kind, u64, u64)>> = Mutex::new(Vec::new());
@@ -57,11 +53,11 @@ unsafe extern "C" fn buffer_completed(
     }
     let mut out = Vec::new();
     let mut record: *mut sys::CUpti_Activity = std::ptr::null_mut();
-    let flush_grid = FLUSH_GRID_X.load(Ordering::Relaxed) as i32;
     // SAFETY: `buffer` holds `valid` bytes of records written by CUPTI; each record starts with
     // its kind, and kernel (version >= 4) and memset (version 4) records both keep `start` and
-    // `end` as u64s at byte offsets 16 and 24; kernel records keep `gridX` and `blockX` as
-    // i32s at byte offsets 52 and 64 (the test below checks these offsets).
+    // `end` as u64s at byte offsets 16 and 24; kernel records keep their `name` (a C string
+    // that CUPTI owns for the callback's duration, or null) at byte offset 104 (the test below
+    // checks these offsets).
     unsafe {
         while sys::cuptiActivityGetNextRecord(buffer, valid, &mut record)
             == sys::CUptiResult::CUPTI_SUCCESS
@@ -71,9 +67,10 @@ unsafe extern "C" fn buffer_completed(
             let kind = match kind {
                 sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL
                 | sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL => {
-                    let grid_x = std::ptr::read_unaligned(base.add(52) as *const i32);
-                    let block_x = std::ptr::read_unaligned(base.add(64) as *const i32);
-                    if flush_grid > 0 && grid_x == flush_grid && block_x == 128 {
+                    let name = std::ptr::read_unaligned(base.add(104) as *const *const c_char);
+                    if !name.is_null()
+                        && CStr::from_ptr(name).to_bytes() == super::FILL_SRC.entry.as_bytes()
+                    {
                         Kind::Flush
                     } else {
                         Kind::Kernel
@@ -94,7 +91,7 @@ unsafe extern "C" fn buffer_completed(
         .extend(out);
 }
 
-/// Starts recording kernel and memset activity (the memset flush is a memset record); false if CUPTI can't be loaded or refuses.
+/// Starts recording kernel and memset activity; false if CUPTI can't be loaded or refuses.
 pub(crate) fn enable() -> bool {
     // SAFETY: only probes whether the library can be opened.
     if !unsafe { sys::is_culib_present() } {
@@ -177,8 +174,8 @@ mod tests {
     fn record_field_offsets_match_the_ones_read() {
         assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, start), 16);
         assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, end), 24);
-        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, gridX), 52);
-        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, blockX), 64);
+        assert_eq!(offset_of!(sys::CUpti_ActivityKernel9, name), 104);
+        assert_eq!(offset_of!(sys::CUpti_ActivityKernel4, name), 104);
         assert_eq!(offset_of!(sys::CUpti_ActivityMemset4, start), 16);
         assert_eq!(offset_of!(sys::CUpti_ActivityMemset4, end), 24);
     }

@@ -180,10 +180,6 @@ impl Bench {
         };
         if std::env::var("TK_BENCH_FLUSH").map_or(true, |v| v != "memset") {
             b.fill = Some(b.dev.function(&fill_kernel_spec())?);
-            cupti::FLUSH_GRID_X.store(
-                fill_grid_x(flush_bytes),
-                std::sync::atomic::Ordering::Relaxed,
-            );
         }
         b.ceiling_gbs = b.measure_copy_ceiling()?;
         let floor = b.timing_floor_us()?;
@@ -286,7 +282,7 @@ impl Bench {
             Some(f) => {
                 let n16 = (bytes / 16) as u64;
                 let cfg = LaunchConfig {
-                    grid_dim: (fill_grid_x(bytes), 1, 1),
+                    grid_dim: (n16.div_ceil(128 * 4) as u32, 1, 1),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
@@ -490,11 +486,6 @@ impl Bench {
         }
         Ok(self.records)
     }
-}
-
-/// Blocks of the fill kernel for a flush of `bytes` bytes (128 threads × 4 vectors each).
-fn fill_grid_x(bytes: usize) -> u32 {
-    (bytes / 16).div_ceil(128 * 4) as u32
 }
 
 /// One timed call: its CUDA-event time and the host time to enqueue it, µs.
