@@ -20,10 +20,10 @@
 // many as the run has tiles, so a run's tiles are all in flight from its first tile on: 4 for
 // gathered rows, 2 for plain grids of runs of 2 filling at least one wave of CTAs), or 0: the
 // next tile's 12 raw words prefetched into registers (the host's choice for smaller plain
-// grids). Why the staging: with 4 CTAs x 8 KiB of reads in
-// flight per SM the gathered e4m3 + fp32 scales rows ran at 61-72 % of the copy ceiling; the
-// staged copies put S - 1 tiles (8.5 KiB each) per CTA in flight without registers
-// (GatherSrc::issue), each with the `.L2::256B` hint. H200 (tk-quant/PERF.md): session 11,
+// grids). Why the staging: with 4 CTAs x 8 KiB of reads in flight per SM the gathered e4m3 +
+// fp32 scales rows ran at 61-72 % of the copy ceiling; the staged copies put S - 1 tiles
+// (8.5 KiB each) per CTA in flight without registers (GatherSrc::issue), each with the
+// `.L2::256B` hint. H200 (tk-quant/PERF.md): session 11,
 // gathered K=6 rows 2-13 % faster; session 12, the hint another 4.5-9 % on the gathered rows;
 // plain rows staged 9 % faster (K=6144) to 1.5 % (K=7168) in grids over one wave, up to 10 %
 // slower in grids under it (sessions 12 and 14).
@@ -154,8 +154,8 @@ struct GatherSrc {
     // ahead by tile_kernel. Copy map: the 8 lanes of row group rg copy its 4 rows, lane lx row
     // 4 rg + lx / 2, bytes 32 (lx % 2) .. + 32 of the tile's 64 (two 16-byte cp.async.cg with
     // `.L2::256B`: L2 fetches the aligned 256 bytes around each copy, i.e. the row's piece of 4
-    // tiles (64 bytes each: a run of 4, or two runs of 2) with the first copy; H200, session 12: gathered
-    // K=6 rows 4.5-9 % faster than without the hint; the same hint on the 4-byte scale copies
+    // tiles (64 bytes each: a run of 4, or two runs of 2) with the first copy; H200, session
+    // 12: gathered K=6 rows 4.5-9 % faster than without the hint; the same hint on the 4-byte scale copies
     // measured neutral, and copies that fill whole 32-byte sectors per instruction 1-3 % slower),
     // and the even lanes the row's input scale (4-byte cp.async.ca); absent rows are zero-filled
     // (source size 0: nothing read; codes +0 times scale +0 = +0, as the register path's
