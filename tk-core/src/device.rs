@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dtype::Element;
 use crate::error::{DriverContext, Result, TkError};
-use crate::kernel::{self, KernelSpec};
+use crate::kernel::{self, FuncAttr, KernelSpec};
 use crate::tensor::{DeviceTensor, DeviceView, DeviceViewMut, HostTensor, HostView, Layout};
 
 /// Static properties of a device, read once when the [`Device`] is created.
@@ -329,6 +329,8 @@ impl Device {
 
     /// The loaded function for a kernel specialisation: from the in-memory cache, else the disk
     /// cache, else compiled by NVRTC for this device's architecture (and then cached in both).
+    /// The spec's function attributes ([`KernelSpec::attribute`]) are set once, when the
+    /// function is loaded, before it enters the in-memory cache.
     ///
     /// Every op calls this on every launch. The in-memory lookup costs a hash of the spec's
     /// defines (well under a microsecond); only a miss computes the disk-cache key (a hash of
@@ -353,6 +355,26 @@ impl Device {
         let f = module
             .load_function(spec.source().entry)
             .ctx("looking up the kernel entry point")?;
+        for a in spec.attributes() {
+            let (attr, value, what) = match *a {
+                FuncAttr::SharedCarveout(pct) => (
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    i32::from(pct),
+                    "setting a kernel's shared-memory carveout",
+                ),
+                FuncAttr::MaxDynamicShared(bytes) => (
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(bytes).map_err(|_| {
+                        TkError::param(
+                            "attribute",
+                            format!("{bytes} bytes of dynamic shared memory"),
+                        )
+                    })?,
+                    "setting a kernel's dynamic shared-memory limit",
+                ),
+            };
+            f.set_attribute(attr, value).ctx(what)?;
+        }
         self.shared
             .functions
             .lock()

@@ -50,21 +50,38 @@ pub struct KernelSource {
     pub needs_cuda_headers: bool,
 }
 
-/// A kernel specialisation: a source plus its compile-time constants.
+/// A function attribute of a kernel specialisation, set once when the function is loaded
+/// ([`crate::Device::function`]), not on every launch. It does not change the compiled code
+/// (no part of the disk-cache key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FuncAttr {
+    /// Preferred shared-memory carveout in percent of the largest configuration (0-100): a
+    /// hint the driver follows when it picks the SM's shared-memory / L1 split for a launch.
+    SharedCarveout(u8),
+    /// The most dynamic shared memory (bytes) a launch may ask for; launches above the 48 KB
+    /// default need it.
+    MaxDynamicShared(u32),
+}
+
+/// A kernel specialisation: a source plus its compile-time constants (and the function
+/// attributes its loaded function gets).
 ///
 /// Two specs are equal (and hash alike) when they name the same `static` [`KernelSource`] (by
-/// address) and the same defines in the same order: the in-memory kernel cache
-/// ([`crate::Device::function`]) looks a launch's function up by this identity, without hashing
-/// the source text.
+/// address), the same defines in the same order and the same attributes: the in-memory kernel
+/// cache ([`crate::Device::function`]) looks a launch's function up by this identity, without
+/// hashing the source text.
 #[derive(Debug, Clone)]
 pub struct KernelSpec {
     source: &'static KernelSource,
     defines: Vec<(String, String)>,
+    attributes: Vec<FuncAttr>,
 }
 
 impl PartialEq for KernelSpec {
     fn eq(&self, other: &Self) -> bool {
-        std::ptr::eq(self.source, other.source) && self.defines == other.defines
+        std::ptr::eq(self.source, other.source)
+            && self.defines == other.defines
+            && self.attributes == other.attributes
     }
 }
 
@@ -74,6 +91,7 @@ impl std::hash::Hash for KernelSpec {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
         std::ptr::hash(self.source, h);
         self.defines.hash(h);
+        self.attributes.hash(h);
     }
 }
 
@@ -83,6 +101,7 @@ impl KernelSpec {
         Self {
             source,
             defines: Vec::new(),
+            attributes: Vec::new(),
         }
     }
 
@@ -90,6 +109,17 @@ impl KernelSpec {
     pub fn define(mut self, name: &str, value: impl std::fmt::Display) -> Self {
         self.defines.push((name.to_string(), value.to_string()));
         self
+    }
+
+    /// Adds a function attribute, set once when the function is loaded (in the order given).
+    pub fn attribute(mut self, a: FuncAttr) -> Self {
+        self.attributes.push(a);
+        self
+    }
+
+    /// The function attributes, in the order given.
+    pub fn attributes(&self) -> &[FuncAttr] {
+        &self.attributes
     }
 
     /// The source.

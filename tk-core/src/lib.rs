@@ -47,5 +47,5 @@ pub use error::{Result, TkError};
 pub use float8;
 /// The `half` crate (bf16, f16 element types), re-exported so users need not depend on it.
 pub use half;
-pub use kernel::{KernelSource, KernelSpec};
+pub use kernel::{FuncAttr, KernelSource, KernelSpec};
 pub use tensor::{DeviceTensor, DeviceView, DeviceViewMut, HostTensor, HostView, Layout};

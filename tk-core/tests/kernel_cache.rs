@@ -574,6 +574,43 @@ fn kernel_spec_cache_key() {
 }
 
 #[test]
+fn kernel_spec_attributes_are_identity_but_not_code() {
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+    use tk_core::FuncAttr;
+    let hash = |s: &KernelSpec| {
+        let mut h = DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    let plain = spec(64);
+    let carve = spec(64).attribute(FuncAttr::SharedCarveout(100));
+    let both = carve
+        .clone()
+        .attribute(FuncAttr::MaxDynamicShared(24 << 10));
+    assert_eq!(
+        both.attributes(),
+        &[
+            FuncAttr::SharedCarveout(100),
+            FuncAttr::MaxDynamicShared(24 << 10)
+        ]
+    );
+    // A spec with other attributes is another function of the in-memory cache...
+    assert_ne!(plain, carve);
+    assert_ne!(carve, both);
+    assert_ne!(carve, spec(64).attribute(FuncAttr::SharedCarveout(50)));
+    assert_eq!(both, both.clone());
+    assert_eq!(hash(&both), hash(&both.clone()));
+    assert_ne!(hash(&plain), hash(&carve));
+    // ... but the same compiled code: the disk-cache key ignores attributes.
+    if !nvrtc_or_skip("kernel_spec_attributes_are_identity_but_not_code") {
+        return;
+    }
+    let k = plain.cache_key("sm_90a").unwrap();
+    assert_eq!(both.cache_key("sm_90a").unwrap(), k);
+}
+
+#[test]
 fn compile_sm90a_gives_cubin() {
     let _env = env_shared();
     if !nvrtc_or_skip("compile_sm90a_gives_cubin") {

@@ -117,13 +117,12 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::{geometry, Geometry};
-    use cudarc::driver::sys::CUfunction_attribute;
     use cudarc::driver::{LaunchConfig, PushKernelArg};
     use tk_core::device::DeviceProps;
     use tk_core::error::DriverContext;
     use tk_core::{
-        Device, DeviceTensor, DeviceView, DeviceViewMut, Element, KernelSource, KernelSpec, Layout,
-        Result, TkError,
+        Device, DeviceTensor, DeviceView, DeviceViewMut, Element, FuncAttr, KernelSource,
+        KernelSpec, Layout, Result, TkError,
     };
 
     static SOURCE: KernelSource = KernelSource {
@@ -234,24 +233,53 @@ mod gpu {
         }
     }
 
-    /// Every specialisation this crate can launch (for compile checks and [`prewarm`]).
+    /// Every `(element bytes, tiling, lean)` this crate can launch.
+    fn registered_combinations() -> impl Iterator<Item = (usize, Option<Tiling>, bool)> {
+        [1, 2, 4].into_iter().flat_map(|e| {
+            // The branch-free loads are launched for e4m3 only (lean_loads).
+            let leans: &'static [bool] = if e == 1 { &[false, true] } else { &[false] };
+            Tiling::supported(e)
+                .flat_map(move |t| leans.iter().map(move |&l| (e, Some(t), l)))
+                .chain([(e, None, false)])
+        })
+    }
+
+    /// Every specialisation this crate can launch (for compile checks; [`prewarm`] loads them
+    /// with their function attributes).
     pub fn registered_kernels() -> Vec<KernelSpec> {
-        [1, 2, 4]
-            .into_iter()
-            .flat_map(|e| {
-                // The branch-free loads are launched for e4m3 only (lean_loads).
-                let leans: &'static [bool] = if e == 1 { &[false, true] } else { &[false] };
-                Tiling::supported(e)
-                    .flat_map(move |t| leans.iter().map(move |&l| kernel_spec(e, Some(t), l)))
-                    .chain([kernel_spec(e, None, false)])
-            })
+        registered_combinations()
+            .map(|(e, t, l)| kernel_spec(e, t, l))
             .collect()
     }
 
-    /// Compiles (or loads from the disk cache) every transpose kernel on `dev`, e.g. before
-    /// capturing a CUDA graph.
+    /// The launched form of [`kernel_spec`] on a device with properties `p`: staged tilings get
+    /// the largest shared-memory carveout (up to 6 blocks × (16 or 32 KB + 1 KB reserved) need
+    /// up to the 228 KB configuration, and the kernel keeps nothing in L1) and, for tiles of at
+    /// least 16 KB, the dynamic shared memory of [`residency_pad`] as their limit. Both are set
+    /// once, when the function is loaded; they depend on the device and the tile only, so every
+    /// launch of the specialisation agrees with them.
+    fn launch_spec(
+        p: &DeviceProps,
+        elem_bytes: usize,
+        tiling: Option<Tiling>,
+        lean: bool,
+    ) -> KernelSpec {
+        let spec = kernel_spec(elem_bytes, tiling, lean);
+        let Some(t) = tiling else { return spec };
+        let spec = spec.attribute(FuncAttr::SharedCarveout(100));
+        match pad_bytes(p, &t) {
+            0 => spec,
+            pad => spec.attribute(FuncAttr::MaxDynamicShared(pad as u32)),
+        }
+    }
+
+    /// Compiles (or loads from the disk cache) every transpose kernel on `dev`, with the
+    /// function attributes its launches use, e.g. before capturing a CUDA graph.
     pub fn prewarm(dev: &Device) -> Result<()> {
-        dev.prewarm(&registered_kernels())
+        let specs: Vec<KernelSpec> = registered_combinations()
+            .map(|(e, t, l)| launch_spec(dev.props(), e, t, l))
+            .collect();
+        dev.prewarm(&specs)
     }
 
     /// Transposes the last two dimensions of `x` `(B, X, Y)` into a new contiguous `(B, Y, X)`.
@@ -368,26 +396,10 @@ mod gpu {
             nx * ny * g.batches
         });
         let lean = tiling.is_some() && lean_loads(e, tiles, dev.props().sm_count as usize);
-        let f = dev.function(&kernel_spec(e, tiling, lean))?;
+        // The carveout and the dynamic shared-memory limit come with the function (launch_spec).
+        let f = dev.function(&launch_spec(dev.props(), e, tiling, lean))?;
         if let Some(t) = tiling {
-            // Up to 6 blocks × (16 or 32 KB + 1 KB reserved): up to the 228 KB configuration;
-            // the kernel keeps nothing in L1, so ask for the largest (a host-side hint, no sync).
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )
-            .ctx("setting the shared-memory carveout of tk_batched_transpose")?;
-            let pad = residency_pad(dev.props(), &t, tiles);
-            if pad > 0 {
-                // The same value for every launch of this specialisation (it depends on the
-                // device and the tile only), so concurrent launches cannot disagree on it.
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    pad as i32,
-                )
-                .ctx("setting the dynamic shared memory of tk_batched_transpose")?;
-                cfg.shared_mem_bytes = pad as u32;
-            }
+            cfg.shared_mem_bytes = residency_pad(dev.props(), &t, tiles) as u32;
         }
         let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
@@ -495,12 +507,23 @@ mod gpu {
     /// smaller tiles slower than no limit (8 KB 4-11 %, 2-4 KB 31-89 %: too few bytes in
     /// flight), as was the mid-sized 4032x2048 bf16 launch with 4 (1 %).
     fn residency_pad(p: &DeviceProps, t: &Tiling, tiles: usize) -> usize {
-        const BIG: usize = 16 << 10; // the large tiling's tile bytes
-        if t.tile_bytes() < BIG || tiles * t.tile_bytes() < 16 * p.sm_count as usize * BIG {
+        if tiles * t.tile_bytes() < 16 * p.sm_count as usize * BIG_TILE {
             return 0;
         }
-        // 1 KB below the SM's share per block: the allocation granularity cannot round a
-        // block past its share, and one block more does not fit (5 × (share - 1 KB) > SM).
+        pad_bytes(p, t)
+    }
+
+    /// The large tiling's tile bytes.
+    const BIG_TILE: usize = 16 << 10;
+
+    /// The unused dynamic shared memory per block that leaves [`LARGE_RESIDENT`] blocks of `t`
+    /// per SM, for tiles of at least 16 KB (0 for smaller ones): 1 KB below the SM's share per
+    /// block, so the allocation granularity cannot round a block past its share, and one block
+    /// more does not fit (5 × (share - 1 KB) > SM).
+    fn pad_bytes(p: &DeviceProps, t: &Tiling) -> usize {
+        if t.tile_bytes() < BIG_TILE {
+            return 0;
+        }
         (p.smem_per_sm / LARGE_RESIDENT)
             .saturating_sub(p.reserved_smem_per_block + t.tile_bytes() + 1024)
     }
