@@ -63,6 +63,10 @@ constexpr u32 TILE_BYTES = BANDS * TX * 128;
 constexpr u32 MIN_BLOCKS = 1536 / NT < 233472 / (TILE_BYTES + 1024) ? 1536 / NT : 233472 / (TILE_BYTES + 1024);
 static_assert(TX * E == 32 || TX * E == 64 || TX * E == 128, "tile rows must be 32, 64 or 128 bytes");
 static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
+// The L2 prefetch ahead (kernel argument `ahead`) is compiled for 2-byte elements only, the one
+// size whose launches the host gives it (`prefetch_ahead` in src/batched_transpose.rs: e4m3
+// measured slower with it, 4-byte 2-D launches not measured).
+constexpr bool PREFETCH = E == 2;
 
 // Swizzle of the 16-byte units of shared row r: unit u is stored at u ^ swz(r). The V rows of
 // an output vector (r / V) share a value; the LX output vectors of a tile get distinct multiples
@@ -141,11 +145,12 @@ __device__ __forceinline__ uint4 transpose_words(const u32 (&w)[V], u32 j) {
 // out: (B, Y, X) contiguous; in: (B, X, Y) with row stride `ld` and batch stride `bs` (elements).
 // Grid: x -> tiles along x, exactly ceil(X / TX) of them (consecutive blocks write adjacent
 // pieces of the same output rows); y -> tiles along y and z -> batch, both looping, so any size
-// fits the grid limits.
+// fits the grid limits. `ahead`: 0, or (one matrix whose grid y covers every tile along y) the
+// distance in blocks of the L2 prefetch below.
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpose(elem_t* __restrict__ out,
                                                                                 const elem_t* __restrict__ in,
                                                                                 u32 batches, u32 X, u32 Y,
-                                                                                u64 ld, u64 bs) {
+                                                                                u64 ld, u64 bs, u32 ahead) {
     __shared__ uint4 tile[BANDS][TX][8];  // (band, tile row, swizzled 16-byte unit along y)
     const u32 t = threadIdx.x;
     const u32 lr = t / 8, lu = t % 8;    // step 1: first tile row and the unit of this thread
@@ -183,6 +188,20 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) tk_batched_transpos
                     }
                 }
             }
+            // L2 prefetch (PREFETCH, `ahead` > 0: one matrix, grid y not looping): while its own
+            // copies are in flight, the block has L2 fetch the tile of the block `ahead` blocks
+            // further in launch order, thread t < TX that tile's input row t (its bands' bytes,
+            // clipped at X and Y), so that block's copies find its rows in L2.
+            if (PREFETCH && ahead && b == 0 && ty == blockIdx.y && t < TX) {
+                const u64 gx = gridDim.x, nb = gx * gridDim.y, b2 = blockIdx.y * gx + blockIdx.x + ahead;  // block b2 of nb
+                const u64 px = b2 % gx * TX + t;                  // input row of the prefetched tile
+                const u32 py = (u32)(b2 / gx) * (BANDS * BY);     // its first column (b2 / gx < gridDim.y)
+                if (b2 < nb && px < X && py < Y) {
+                    const u32 n = min(BANDS * BY, Y - py) * E;  // bytes of the row's piece (a multiple of 16)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src + px * ld + py), "r"(n)
+                                 : "memory");
+                }
+            }
             asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies have landed
             __syncthreads();                                     // and every other thread's
             // Every word a task reads was written in step 1: X and Y are multiples of V, so the V
@@ -213,7 +232,7 @@ constexpr int T = 32;  // tile edge (elements); 32 x 8 threads, each moves 4 ele
 extern "C" __global__ void __launch_bounds__(256) tk_batched_transpose(elem_t* __restrict__ out,
                                                                        const elem_t* __restrict__ in,
                                                                        u32 batches, u32 X, u32 Y,
-                                                                       u64 ld, u64 bs) {
+                                                                       u64 ld, u64 bs, u32 /* ahead: unused */) {
     __shared__ elem_t tile[T][T + 1];  // (x in tile, y in tile), padded against bank conflicts
     const u32 ntx = (X + T - 1) / T, nty = (Y + T - 1) / T;
     for (u32 b = blockIdx.z; b < batches; b += gridDim.z) {

@@ -408,6 +408,16 @@ mod gpu {
             g.ld as u64,
             g.bs as u64,
         );
+        let ahead = tiling.map_or(0, |t| {
+            let ny = tile_counts(&g, e, &t).1;
+            prefetch_ahead(
+                e,
+                g.batches,
+                ny,
+                cfg.shared_mem_bytes as usize,
+                dev.props().sm_count as usize,
+            )
+        });
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
             .arg(&x_addr)
@@ -415,7 +425,8 @@ mod gpu {
             .arg(&xs)
             .arg(&ys)
             .arg(&ld)
-            .arg(&bs);
+            .arg(&bs)
+            .arg(&ahead);
         // SAFETY: geometry() and check_out() proved that every element the kernel touches lies in
         // x's and out's buffers (views are bounds-checked at creation; the kernel reads
         // b*bs + i*ld + j and writes b*X*Y + j*X + i for in-range b, i, j only, the staged path's
@@ -485,6 +496,28 @@ mod gpu {
     /// D3: 4032x2560 / 4032x3072 e4m3, 315 and 378 tiles, 5-6 %; 4032x576 bf16 2 %).
     fn lean_loads(e: usize, tiles: usize, sms: usize) -> bool {
         e == 1 && tiles >= 4 * sms
+    }
+
+    /// The staged kernel's L2 prefetch distance in blocks (its `ahead` argument; 0: none) for a
+    /// launch of `e`-byte elements, `batches` matrices, `ny` tiles along y and `pad` bytes of
+    /// [`residency_pad`] on `sms` SMs. Large one-matrix bf16 launches (held to
+    /// [`LARGE_RESIDENT`] blocks per SM) prefetch the tile of the block half a resident wave
+    /// further in launch order: each block has L2 fetch that tile's input rows while its own
+    /// copies are in flight. H200, session 20 (tk-transpose/PERF.md; 4 interleaved rounds in
+    /// each of two runs): 4032x7168 bf16 30.70-30.83 -> 30.37-30.48 µs, 8064x2560 23.01-23.07 ->
+    /// 22.67-22.75, 8064x3072 26.80-26.85 -> 26.53-26.57, 8064x6144 50.85-51.15 -> 50.41-50.91,
+    /// 8064x7168 59.26-59.41 -> 59.04-59.12; a quarter wave or three quarters gained less, a
+    /// whole wave or two were 3 % / 19-29 % slower. e4m3 launches (32 KB tiles) got slower with
+    /// any distance (8064x7168 30.6-30.7 µs -> 31.0-31.3 at 66 blocks, 32.4-32.6 at half a wave),
+    /// so they, the batched launches (97 % of the ceiling without it) and the unmeasured 2-D
+    /// fp32 launches take none; nor do launches whose grid y loops (the kernel maps blocks to
+    /// tiles through the grid).
+    fn prefetch_ahead(e: usize, batches: usize, ny: usize, pad: usize, sms: usize) -> u32 {
+        if e == 2 && batches == 1 && pad > 0 && ny <= 65535 {
+            (LARGE_RESIDENT / 2 * sms) as u32
+        } else {
+            0
+        }
     }
 
     /// Resident blocks per SM that [`residency_pad`] holds large launches to.
@@ -719,6 +752,19 @@ mod gpu {
             assert_eq!(residency_pad(&h200, &Tiling::new(2, 128), large - 1), 0);
             let small = Tiling { rows: 64, bands: 1 };
             assert_eq!(residency_pad(&h200, &small, 8 * large), 0);
+        }
+
+        #[test]
+        fn prefetch_ahead_for_large_one_matrix_bf16_launches() {
+            // Half of the 4 resident blocks per SM of a padded launch on 132 SMs.
+            assert_eq!(prefetch_ahead(2, 1, 112, 24 << 10, 132), 264);
+            assert_eq!(prefetch_ahead(2, 1, 65535, 1, 132), 264);
+            // Not for e4m3 or 4-byte elements, batches, unpadded launches or a looping grid y.
+            assert_eq!(prefetch_ahead(1, 1, 28, 24 << 10, 132), 0);
+            assert_eq!(prefetch_ahead(4, 1, 112, 24 << 10, 132), 0);
+            assert_eq!(prefetch_ahead(2, 8, 112, 24 << 10, 132), 0);
+            assert_eq!(prefetch_ahead(2, 1, 112, 0, 132), 0);
+            assert_eq!(prefetch_ahead(2, 1, 65536, 24 << 10, 132), 0);
         }
 
         #[test]
