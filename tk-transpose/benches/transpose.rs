@@ -151,7 +151,7 @@ fn main() -> Result<()> {
     b.report_compile_times(&tk_transpose::batched_transpose::kernel_spec(
         2,
         Some(Tiling::new(2, 128)),
-        false,
+        Default::default(),
     ))?;
     bench_dtype::<F8E4M3>(&mut b, "e4m3", false)?;
     bench_dtype::<bf16>(&mut b, "bf16", false)?;

@@ -9,6 +9,7 @@
 //   TK_LEAN        (staged path) 1: the tile's loads issued without branches (out-of-range vectors
 //                     zero-filled, the hint a predicate) and no barrier before a block's first
 //                     tile; 0: a branch around each load and its hint.
+//   TK_PREFETCH    (staged path) 1: the L2 prefetch of the tile `ahead` blocks further (below).
 //
 // Staged path: a block of NT = 2 * TK_TILE_X * E threads moves one tile of TK_TILE_X input rows
 // x TK_BANDS * 128 bytes through shared memory in two steps:
@@ -40,6 +41,9 @@ typedef tk::uint_of_size<TK_ELEM_BYTES>::type elem_t;
 #ifndef TK_LEAN
 #error "TK_LEAN must be defined for the staged path"
 #endif
+#ifndef TK_PREFETCH
+#error "TK_PREFETCH must be defined for the staged path"
+#endif
 #ifndef TK_TILE_X
 #error "TK_TILE_X (input rows per tile) must be defined for the staged path"
 #endif
@@ -63,10 +67,10 @@ constexpr u32 TILE_BYTES = BANDS * TX * 128;
 constexpr u32 MIN_BLOCKS = 1536 / NT < 233472 / (TILE_BYTES + 1024) ? 1536 / NT : 233472 / (TILE_BYTES + 1024);
 static_assert(TX * E == 32 || TX * E == 64 || TX * E == 128, "tile rows must be 32, 64 or 128 bytes");
 static_assert(LOADS * NT == 8 * TX, "the load step covers a band exactly");
-// The L2 prefetch ahead (kernel argument `ahead`) is compiled for 2-byte elements only, the one
-// size whose launches the host gives it (`prefetch_ahead` in src/batched_transpose.rs: e4m3
-// measured slower with it, 4-byte 2-D launches not measured).
-constexpr bool PREFETCH = E == 2;
+// TK_PREFETCH 1: the L2 prefetch ahead (kernel argument `ahead`) compiled in; the host sets it
+// for the launches it gives a distance (`prefetch_ahead` in src/batched_transpose.rs: large
+// one-matrix bf16 launches), as the code alone slowed a small bf16 launch.
+constexpr bool PREFETCH = TK_PREFETCH;
 
 // Swizzle of the 16-byte units of shared row r: unit u is stored at u ^ swz(r). The V rows of
 // an output vector (r / V) share a value; the LX output vectors of a tile get distinct multiples

@@ -217,10 +217,21 @@ mod gpu {
         }
     }
 
+    /// Code forms of the staged-tile path, chosen per launch (both off: the plain form).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Form {
+        /// The tile's loads issued without branches and no barrier before a block's first tile
+        /// (`TK_LEAN`; chosen by the private `lean_loads` rule).
+        pub lean: bool,
+        /// The L2 prefetch ahead compiled in (`TK_PREFETCH`; the `prefetch_ahead` rule). Only the
+        /// launches that use it get it: the code alone, never run, made 4032x576 bf16 1.5-2 %
+        /// slower (H200, session 20: 4.13 -> 4.19-4.22 µs).
+        pub prefetch: bool,
+    }
+
     /// The kernel specialisation for element size `elem_bytes`: the staged-tile path with
-    /// `tiling` (its loads issued without branches if `lean`), or the generic path for `None`
-    /// (`lean` ignored).
-    pub fn kernel_spec(elem_bytes: usize, tiling: Option<Tiling>, lean: bool) -> KernelSpec {
+    /// `tiling` in code form `form`, or the generic path for `None` (`form` ignored).
+    pub fn kernel_spec(elem_bytes: usize, tiling: Option<Tiling>, form: Form) -> KernelSpec {
         let spec = KernelSpec::new(&SOURCE)
             .define("TK_ELEM_BYTES", elem_bytes)
             .define("TK_VEC", tiling.is_some() as u8);
@@ -228,19 +239,37 @@ mod gpu {
             Some(t) => spec
                 .define("TK_TILE_X", t.rows)
                 .define("TK_BANDS", t.bands)
-                .define("TK_LEAN", lean as u8),
+                .define("TK_LEAN", form.lean as u8)
+                .define("TK_PREFETCH", form.prefetch as u8),
             None => spec,
         }
     }
 
-    /// Every `(element bytes, tiling, lean)` this crate can launch.
-    fn registered_combinations() -> impl Iterator<Item = (usize, Option<Tiling>, bool)> {
+    /// Every `(element bytes, tiling, form)` this crate can launch.
+    fn registered_combinations() -> impl Iterator<Item = (usize, Option<Tiling>, Form)> {
         [1, 2, 4].into_iter().flat_map(|e| {
-            // The branch-free loads are launched for e4m3 only (lean_loads).
-            let leans: &'static [bool] = if e == 1 { &[false, true] } else { &[false] };
             Tiling::supported(e)
-                .flat_map(move |t| leans.iter().map(move |&l| (e, Some(t), l)))
-                .chain([(e, None, false)])
+                .flat_map(move |t| {
+                    // The branch-free loads are launched for e4m3 only (lean_loads); the
+                    // prefetch for 2-byte elements in tiles that residency_pad can pad
+                    // (prefetch_ahead).
+                    let lean = if e == 1 { 2 } else { 1 };
+                    let prefetch = if e == 2 && t.tile_bytes() >= BIG_TILE {
+                        2
+                    } else {
+                        1
+                    };
+                    (0..lean).flat_map(move |l| {
+                        (0..prefetch).map(move |p| {
+                            let form = Form {
+                                lean: l == 1,
+                                prefetch: p == 1,
+                            };
+                            (e, Some(t), form)
+                        })
+                    })
+                })
+                .chain([(e, None, Form::default())])
         })
     }
 
@@ -248,7 +277,7 @@ mod gpu {
     /// with their function attributes).
     pub fn registered_kernels() -> Vec<KernelSpec> {
         registered_combinations()
-            .map(|(e, t, l)| kernel_spec(e, t, l))
+            .map(|(e, t, f)| kernel_spec(e, t, f))
             .collect()
     }
 
@@ -262,9 +291,9 @@ mod gpu {
         p: &DeviceProps,
         elem_bytes: usize,
         tiling: Option<Tiling>,
-        lean: bool,
+        form: Form,
     ) -> KernelSpec {
-        let spec = kernel_spec(elem_bytes, tiling, lean);
+        let spec = kernel_spec(elem_bytes, tiling, form);
         let Some(t) = tiling else { return spec };
         let spec = spec.attribute(FuncAttr::SharedCarveout(100));
         match pad_bytes(p, &t) {
@@ -277,7 +306,7 @@ mod gpu {
     /// function attributes its launches use, e.g. before capturing a CUDA graph.
     pub fn prewarm(dev: &Device) -> Result<()> {
         let specs: Vec<KernelSpec> = registered_combinations()
-            .map(|(e, t, l)| launch_spec(dev.props(), e, t, l))
+            .map(|(e, t, f)| launch_spec(dev.props(), e, t, f))
             .collect();
         dev.prewarm(&specs)
     }
@@ -395,12 +424,22 @@ mod gpu {
             let (nx, ny) = tile_counts(&g, e, &t);
             nx * ny * g.batches
         });
-        let lean = tiling.is_some() && lean_loads(e, tiles, dev.props().sm_count as usize);
+        let sms = dev.props().sm_count as usize;
+        // Staged launches: the residency pad and the prefetch distance (0 and 0 otherwise).
+        let (pad, ahead) = tiling.map_or((0, 0), |t| {
+            let pad = residency_pad(dev.props(), &t, tiles);
+            (
+                pad,
+                prefetch_ahead(e, g.batches, tile_counts(&g, e, &t).1, pad, sms),
+            )
+        });
+        cfg.shared_mem_bytes = pad as u32;
+        let form = Form {
+            lean: tiling.is_some() && lean_loads(e, tiles, sms),
+            prefetch: ahead > 0,
+        };
         // The carveout and the dynamic shared-memory limit come with the function (launch_spec).
-        let f = dev.function(&launch_spec(dev.props(), e, tiling, lean))?;
-        if let Some(t) = tiling {
-            cfg.shared_mem_bytes = residency_pad(dev.props(), &t, tiles) as u32;
-        }
+        let f = dev.function(&launch_spec(dev.props(), e, tiling, form))?;
         let (batches, xs, ys, ld, bs) = (
             g.batches as u32,
             g.x as u32,
@@ -408,16 +447,6 @@ mod gpu {
             g.ld as u64,
             g.bs as u64,
         );
-        let ahead = tiling.map_or(0, |t| {
-            let ny = tile_counts(&g, e, &t).1;
-            prefetch_ahead(
-                e,
-                g.batches,
-                ny,
-                cfg.shared_mem_bytes as usize,
-                dev.props().sm_count as usize,
-            )
-        });
         let mut l = dev.stream().launch_builder(&f);
         l.arg(&out_addr)
             .arg(&x_addr)
@@ -777,10 +806,18 @@ mod gpu {
             for e in [2, 4] {
                 assert!(!lean_loads(e, 1 << 20, 132));
             }
-            // Every launchable (tiling, lean) pair is registered: both forms for e4m3 only.
+            // Every launchable (tiling, form) is registered: both lean forms for e4m3, both
+            // prefetch forms for bf16 tiles of at least 16 KB.
             let specs = registered_kernels();
             let staged = |e: usize| Tiling::supported(e).count();
-            assert_eq!(specs.len(), 2 * staged(1) + staged(2) + staged(4) + 3);
+            let big_bf16 = Tiling::supported(2)
+                .filter(|t| t.tile_bytes() >= BIG_TILE)
+                .count();
+            assert!(big_bf16 > 0);
+            assert_eq!(
+                specs.len(),
+                2 * staged(1) + staged(2) + big_bf16 + staged(4) + 3
+            );
         }
     }
 }
