@@ -253,20 +253,14 @@ mod gpu {
                     // The branch-free loads are launched for e4m3 only (lean_loads); the
                     // prefetch for 2-byte elements in tiles that residency_pad can pad
                     // (prefetch_ahead).
-                    let lean = if e == 1 { 2 } else { 1 };
-                    let prefetch = if e == 2 && t.tile_bytes() >= BIG_TILE {
-                        2
-                    } else {
-                        1
-                    };
-                    (0..lean).flat_map(move |l| {
-                        (0..prefetch).map(move |p| {
-                            let form = Form {
-                                lean: l == 1,
-                                prefetch: p == 1,
-                            };
-                            (e, Some(t), form)
-                        })
+                    let both: &'static [bool] = &[false, true];
+                    let leans = if e == 1 { both } else { &both[..1] };
+                    let big = e == 2 && t.tile_bytes() >= BIG_TILE;
+                    let prefetches = if big { both } else { &both[..1] };
+                    leans.iter().flat_map(move |&lean| {
+                        prefetches
+                            .iter()
+                            .map(move |&prefetch| (e, Some(t), Form { lean, prefetch }))
                     })
                 })
                 .chain([(e, None, Form::default())])
