@@ -1118,18 +1118,56 @@ mod tests {
         assert_eq!(checked, 8_441_342);
     }
 
+    /// `tkq::scale_pair_pow2` (cuda/quant_scale.cuh), ported: the exponent e of the rounded
+    /// scale `2^e` of `c = max(amax, eps)` from the bits of `c` and `q` (the exponent difference
+    /// plus the mantissa carry), without a division; `c = inf` gives 128.
+    fn pow2_exponent(c: f32, q: f32) -> i32 {
+        let (cb, qb) = (c.to_bits(), q.to_bits());
+        if cb >= 0x7F80_0000 {
+            return 128;
+        }
+        ((cb + (0x7F_FFFF - (qb & 0x7F_FFFF))) >> 23) as i32 - (qb >> 23) as i32
+    }
+
+    /// `scale_pair_pow2` gives the rounded scales of the spec's division form
+    /// (`compute_scale_with_eps`, the kernels' `scale_pair<true>`) for every fp32
+    /// `c = max(amax, eps)` in `[eps, inf]` of e4m3 (q 448, eps 1e-4): the per-channel kernels
+    /// that take it (`TK_PC_POW2`) store the same scales and inverses bit for bit.
+    #[test]
+    fn pow2_scales_equal_the_division_form_for_e4m3() {
+        use tk_core::convert::{compute_scale_with_eps, QuantFormat};
+        let fmt = QuantFormat::E4M3;
+        let (q, eps) = (fmt.max_value(), fmt.eps());
+        let (lo, hi) = (eps.to_bits(), 0x7F80_0000u32);
+        let mid = lo + (hi - lo) / 2;
+        // Two halves of the ~1.2e9 values on two threads (about 20 s each unoptimised).
+        std::thread::scope(|s| {
+            for (a, b) in [(lo, mid), (mid + 1, hi)] {
+                s.spawn(move || {
+                    for cb in a..=b {
+                        let c = f32::from_bits(cb);
+                        let e = pow2_exponent(c, q);
+                        let (sf, inv) = compute_scale_with_eps(c, q, eps, true);
+                        let want = (
+                            (127i32.wrapping_add(e) as u32) << 23,
+                            (127i32.wrapping_sub(e) as u32) << 23,
+                        );
+                        assert_eq!((sf.to_bits(), inv.to_bits()), want, "c {c:e}");
+                    }
+                });
+            }
+        });
+    }
+
     /// The encoder's precondition: for every bf16 block maximum (and the eps clamp), the
-    /// power-of-two inverse of `scale_pair_pow2` (ported: the exponent difference plus the
-    /// mantissa carry) keeps amax * inv <= 6, so every non-NaN element of the block has
-    /// |x * inv| <= 6.
+    /// power-of-two inverse of `scale_pair_pow2` ([`pow2_exponent`]) keeps amax * inv <= 6, so
+    /// every non-NaN element of the block has |x * inv| <= 6.
     #[test]
     fn bounded_products_of_block_inverses() {
         let (q, eps) = (6.0f32, f32::from_bits(0x01C0_0000));
         for a in 0..0x7F80u32 {
             let amax = f32::from_bits(a << 16);
-            let cb = amax.max(eps).to_bits();
-            let qb = q.to_bits();
-            let e = ((cb + (0x7F_FFFF - (qb & 0x7F_FFFF))) >> 23) as i32 - (qb >> 23) as i32;
+            let e = pow2_exponent(amax.max(eps), q);
             let inv = f64::powi(2.0, -e);
             assert!(f64::from(amax) * inv <= 6.0, "amax {amax:e}");
             assert!(
