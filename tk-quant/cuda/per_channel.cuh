@@ -43,10 +43,11 @@
 #ifndef TK_PC_NO_END_BARRIER
 #define TK_PC_NO_END_BARRIER 0
 #endif
-// TK_PC_POW2 1: rounded scales (TK_ROUND) from the exponent bits (tkq::scale_pair_pow2, the
-// same values) instead of an IEEE division.
-#ifndef TK_PC_POW2
-#define TK_PC_POW2 0
+// TK_PC_FAST_SCALES 1: the scales without IEEE division calls, the same values: rounded ones
+// (TK_ROUND) from the exponent bits (tkq::scale_pair_pow2), the others by
+// tkq::scale_pair_e4m3_fast.
+#ifndef TK_PC_FAST_SCALES
+#define TK_PC_FAST_SCALES 0
 #endif
 // TK_PC_STAGED 1 (a PIPE Src with STAGES, issue, commit and land; per_channel_cast_fused's
 // e4m3 runs): the raw data of the tiles Src::STAGES - 1 ahead of the current one are in flight
@@ -111,12 +112,13 @@ struct RowwiseLoad : NoPipe {
 };
 
 // Column c of scale block b of tile (tr, tc), whose maximum |y| is a: its scale and inverse
-// (§1.4: eps 1e-4, Q 448, TK_ROUND powers of two, TK_PC_POW2 without the division); the scale
-// stored at sf[row / NPT, column] when the block starts inside the output, the inverse shared
-// through inv_s[b][c].
+// (§1.4: eps 1e-4, Q 448, TK_ROUND powers of two; TK_PC_FAST_SCALES without division calls);
+// the scale stored at sf[row / NPT, column] when the block starts inside the output, the inverse
+// shared through inv_s[b][c].
 __device__ __forceinline__ void put_scale(const Params& p, u64 tr, u64 tc, u32 b, u32 c, float a, float (&inv_s)[NB][TC]) {
     float sf, inv;
-    if constexpr (TK_ROUND != 0 && TK_PC_POW2) tkq::scale_pair_pow2(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+    if constexpr (TK_PC_FAST_SCALES && TK_ROUND != 0) tkq::scale_pair_pow2(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
+    else if constexpr (TK_PC_FAST_SCALES) tkq::scale_pair_e4m3_fast(a, sf, inv);
     else tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
     inv_s[b][c] = inv;
     const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block

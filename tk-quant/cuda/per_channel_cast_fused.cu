@@ -16,14 +16,18 @@
 #define TK_PC_TREE (TK_IN == 2)
 #define TK_PC_ROWS32 (TK_IN == 2)
 #define TK_PC_NO_END_BARRIER (TK_IN == 2)
-// TK_PC_POW2 (rounded scales without a division: the scale phase between the tile's two barriers
-// is on every warp's path) for the staged e4m3 pipeline, where it was measured (H200, session
-// 21, D7, 4 interleaved rounds): the gathered round rows 0.5-1.6 % faster at K >= 2560 (K=6
-// K=7168 72/EP8 100.75-101.02 -> 100.19-100.61 µs, 256/EP8 102.40-102.88 -> 101.90-102.16,
-// 256/EP64 99.69-99.86 -> 99.09-99.41), the staged plain round rows 1.0-2.5 %. Not for the
-// register prefetch (TK_PCF_STAGES 0): 24-28 bytes of spills on sm_90a, plain K=2048 round 25 %
-// slower. (A flush-to-zero division for the other rows measured 0.4-0.6 % slower.)
-#define TK_PC_POW2 (TK_IN == 2 && TK_PCF_STAGES > 1)
+// TK_PC_FAST_SCALES (the scales without division calls: the scale phase between the tile's two
+// barriers is on every warp's path) for the staged e4m3 pipeline, where it was measured (H200,
+// session 21): rounded scales (D7, 4 interleaved rounds) made the gathered round rows 0.5-1.6 %
+// faster at K >= 2560 (K=6 K=7168 72/EP8 100.75-101.02 -> 100.19-100.61 µs, 256/EP8
+// 102.40-102.88 -> 101.90-102.16, 256/EP64 99.69-99.86 -> 99.09-99.41), the staged plain round
+// rows 1.0-2.5 %; the others (scale_pair_e4m3_fast; D9, 3 interleaved rounds) the gathered rows
+// 0.6-1.7 % at K >= 2560 (K=6 K=7168 72/EP8 101.49-101.78 -> 100.90-101.06 µs, 256/EP8
+// 102.99-103.26 -> 102.27-102.38, 256/EP64 100.29-100.30 -> 99.30-99.39), the staged plain rows
+// 2.7-4.4 %. Not for the register prefetch (TK_PCF_STAGES 0): 24-28 bytes of spills on sm_90a,
+// plain K=2048 round 25 % slower. (Flush-to-zero divisions, which keep the division's call,
+// measured 0.4-0.6 % slower.)
+#define TK_PC_FAST_SCALES (TK_IN == 2 && TK_PCF_STAGES > 1)
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets as
 // many as the run has tiles, so a run's tiles are all in flight from its first tile on: 4 for
 // gathered rows, 2 for plain grids of runs of 2 filling at least one wave of CTAs), or 0: the

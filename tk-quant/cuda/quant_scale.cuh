@@ -29,6 +29,35 @@ __device__ __forceinline__ void scale_pair(float amax, float eps, float q, float
     }
 }
 
+// scale_pair<false> for e4m3 (q = 448, eps = 1e-4) without the IEEE divisions' range check and
+// slow-path call: the same sf = fl(c / 448) and inv = fl(448 / c) for every c = max(amax, eps)
+// in [eps, inf] (checked for every such fp32 c on the GPU against scale_pair<false> by the test
+// gpu_scale_pair_e4m3_fast_is_the_division in tests/gpu_fused.rs; the c / 448 half also on the
+// CPU once, session 21).
+// * c / 448: y = fl(c * rq) with rq = fl(1 / 448), then Markstein's correction
+//   fl(y + fl(c - 448 y) * rq) (the remainder exact by FMA).
+// * 448 / c: the division's own fast path (approximate reciprocal, one Newton step, product,
+//   remainder correction) on operands scaled by 2^-64 when c >= 2^64, whose reciprocal would be
+//   subnormal (flushed); c = inf gives (inf, +0) as the divisions do.
+__device__ __forceinline__ void scale_pair_e4m3_fast(float amax, float& sf, float& inv) {
+    constexpr float Q = 448.0f;
+    const float rq = __uint_as_float(0x3B124925u);  // fl(1 / 448)
+    const float c = fmaxf(amax, __uint_as_float(0x38D1B717u));
+    const float y = __fmul_rn(c, rq);
+    const float d = __fmaf_rn(__fmaf_rn(-Q, y, c), rq, y);
+    const bool big = c >= __uint_as_float(0x5F800000u);  // 2^64
+    const float cs = big ? __fmul_rn(c, __uint_as_float(0x1F800000u)) : c;  // c (* 2^-64, exact)
+    const float qs = big ? __uint_as_float(0x23E00000u) : Q;              // 448 (* 2^-64)
+    float r;  // ~1 / cs
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(cs));
+    r = __fmaf_rn(r, __fmaf_rn(-cs, r, 1.0f), r);
+    const float z = __fmul_rn(qs, r);
+    const float v = __fmaf_rn(__fmaf_rn(-cs, z, qs), r, z);
+    const bool inf = c == __uint_as_float(0x7F800000u);
+    sf = inf ? c : d;
+    inv = inf ? 0.0f : v;
+}
+
 // scale_pair<true> without the division, for a constant eps with eps / q >= 2^-126 (the cast
 // kernels' eps and q): with c = max(amax, eps) = 2^E (1 + f) and q = 2^Eq (1 + fq),
 // fl(c / q) <= 2^k iff c <= q 2^k (q (1 + 2^-24) lies below the successor of q as 1 + fq < 2,

@@ -1132,7 +1132,7 @@ mod tests {
     /// `scale_pair_pow2` gives the rounded scales of the spec's division form
     /// (`compute_scale_with_eps`, the kernels' `scale_pair<true>`) for every fp32
     /// `c = max(amax, eps)` in `[eps, inf]` of e4m3 (q 448, eps 1e-4): the per-channel kernels
-    /// that take it (`TK_PC_POW2`) store the same scales and inverses bit for bit.
+    /// that take it (`TK_PC_FAST_SCALES`) store the same scales and inverses bit for bit.
     #[test]
     fn pow2_scales_equal_the_division_form_for_e4m3() {
         use tk_core::convert::{compute_scale_with_eps, QuantFormat};

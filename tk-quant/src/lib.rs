@@ -83,6 +83,8 @@ pub mod swiglu;
 pub mod swiglu_backward_and_per_token_cast;
 pub mod swiglu_forward_and_per_channel_cast_and_transpose;
 pub mod swiglu_forward_and_per_token_cast;
+#[cfg(feature = "cuda")]
+pub mod testing;
 pub mod types;
 
 #[cfg(feature = "cuda")]
@@ -165,6 +167,7 @@ pub fn registered_kernels() -> Vec<tk_core::KernelSpec> {
     v.extend(per_channel_cast_and_transpose::registered_kernels());
     v.extend(per_channel_cast_fused::registered_kernels());
     v.extend(swiglu_forward_and_per_channel_cast_and_transpose::registered_kernels());
+    v.push(testing::scale_check_kernel_spec());
     v
 }
 

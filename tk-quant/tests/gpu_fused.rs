@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use float8::F8E4M3;
 use half::bf16;
 use tk_core::convert::e4m3_to_f32;
@@ -58,6 +59,7 @@ use tk_quant::reference::swiglu::{activation_within_tolerance, clamp_gate, cpu_e
 use tk_quant::reference::{self, SwigluOut};
 use tk_quant::swiglu::device_expf;
 use tk_quant::swiglu_forward_and_per_token_cast::validate_dims;
+use tk_quant::testing::scale_check_kernel_spec;
 use tk_quant::{
     CastFormat, CastInput, DeviceFusedInput, DevicePlainInput, DeviceQuantData, DeviceScales,
     DeviceSwigluBackwardInputs, DeviceSwigluBackwardOutputsMut, DeviceSwigluForwardInputs,
@@ -1880,5 +1882,46 @@ fn gpu_per_channel_cast_fused_off_grid() {
         &HostTensor::from_vec(vec![], &[0, 256]).unwrap(),
         false,
         None,
+    );
+}
+
+/// The non-rounded e4m3 scales of the staged `per_channel_cast_fused` pipeline
+/// (`TK_PC_FAST_SCALES`: `scale_pair_e4m3_fast`, no division call) are the divisions'
+/// `(sf, inv)` bit for bit for every fp32 `c = max(amax, 1e-4)` in `[1e-4, inf]`, about 1.2e9
+/// values (`tk_quant::testing::scale_check_kernel_spec`).
+#[test]
+fn gpu_scale_pair_e4m3_fast_is_the_division() {
+    let Some(dev) = gpu_or_skip("gpu_scale_pair_e4m3_fast_is_the_division") else {
+        return;
+    };
+    let f = dev.function(&scale_check_kernel_spec()).unwrap();
+    let (lo, hi) = (0x38D1_B717u32, 0x7F80_0000u32); // 1e-4 ..= inf
+    let mut out = dev
+        .upload(&HostTensor::from_vec(vec![0i32, -1, 0], &[3]).unwrap())
+        .unwrap();
+    let addr = out.view_mut().address();
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(&lo).arg(&hi).arg(&addr);
+    let cfg = LaunchConfig {
+        grid_dim: (4096, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: out holds the kernel's 3 counters (u32 bits in i32 elements) and outlives the
+    // stream-ordered launch, which to_host waits for.
+    unsafe { l.launch(cfg) }.unwrap();
+    let got: Vec<u32> = out
+        .to_host()
+        .unwrap()
+        .as_slice()
+        .iter()
+        .map(|&v| v as u32)
+        .collect();
+    assert_eq!(got[2], hi - lo + 1, "values compared");
+    assert_eq!(
+        (got[0], got[1]),
+        (0, u32::MAX),
+        "mismatches and the first mismatching c: {:e}",
+        f32::from_bits(got[1])
     );
 }
