@@ -4,9 +4,10 @@
 
 using tk::u32;
 
-// c = every fp32 with bits lo .. hi (inclusive; hi - lo < 2^32 - 1); out[0]: how many c give a
-// different (sf, inv) from scale_pair_e4m3_fast than from scale_pair<false>(c, 1e-4, 448);
-// out[1]: the bits of the smallest such c (0xFFFFFFFF: none); out[2]: how many c were compared.
+// c = every fp32 with bits lo .. hi (inclusive; hi - lo + the grid's threads < 2^32, so the
+// strided index cannot wrap); out[0]: how many c give a different (sf, inv) from
+// scale_pair_e4m3_fast than from scale_pair<false>(c, 1e-4, 448); out[1]: the bits of the
+// smallest such c (0xFFFFFFFF: none); out[2]: how many c were compared.
 extern "C" __global__ void tk_scale_check(u32 lo, u32 hi, u32* __restrict__ out) {
     const u32 n = hi - lo + 1;
     u32 seen = 0;  // c compared by this thread

@@ -20,7 +20,7 @@ static SCALE_CHECK: KernelSource = KernelSource {
 /// 448)` (the e4m3 scales of `tk_core::convert::compute_scale`, not rounded); `out[0]` counts
 /// the pairs that differ (`atomicAdd`), `out[1]` gets the smallest such bits (`atomicMin`) and
 /// `out[2]` counts the values compared, so the caller sets `out` to `[0, u32::MAX, 0]`. Any
-/// grid; `lo <= hi`, `hi - lo < u32::MAX`.
+/// grid with `hi - lo` plus its thread count below `2^32`; `lo <= hi`.
 pub fn scale_check_kernel_spec() -> KernelSpec {
     KernelSpec::new(&SCALE_CHECK)
 }
