@@ -34,6 +34,7 @@
 //! | [`swiglu_backward_and_per_token_cast`](mod@swiglu_backward_and_per_token_cast) | §3.11: [`SwigluBackwardInputs`], [`SwigluBackwardParams`], `validate` |
 //! | [`swiglu_forward_and_per_channel_cast_and_transpose`](mod@swiglu_forward_and_per_channel_cast_and_transpose) | §3.12: [`SwigluPerChannelParams`], `validate` |
 //! | [`reference`](mod@reference) | generic references [`cast`](fn@reference::cast) (+ sf-only, precomputed), [`cast_back`](fn@reference::cast_back), [`cast_to_e5m6`](fn@reference::cast_to_e5m6), [`cast_back_from_e5m6`](fn@reference::cast_back_from_e5m6); the ops on the CPU ([`per_token_cast`](fn@reference::per_token_cast), [`per_block_cast`](fn@reference::per_block_cast), [`per_block_cast_lossless`](fn@reference::per_block_cast_lossless), [`per_channel_cast`](fn@reference::per_channel_cast), [`cast_back_op`](fn@reference::cast_back_op), [`per_token_cast_back`](fn@reference::per_token_cast_back), ...) |
+//! | [`testing`](mod@testing) | test support (feature `cuda`): a test kernel that compares the kernels' fast scale arithmetic with the divisions it replaces, on the GPU |
 //!
 //! Every function validates its arguments and returns a [`tk_core::TkError`] naming the
 //! offending one; nothing panics on bad input.
