@@ -32,8 +32,9 @@ __device__ __forceinline__ void scale_pair(float amax, float eps, float q, float
 // scale_pair<false> for e4m3 (q = 448, eps = 1e-4) without the IEEE divisions' range check and
 // slow-path call: the same sf = fl(c / 448) and inv = fl(448 / c) for every c = max(amax, eps)
 // in [eps, inf] (checked for every such fp32 c on the GPU against scale_pair<false> by the test
-// gpu_scale_pair_e4m3_fast_is_the_division in tests/gpu_fused.rs; the c / 448 half also on the
-// CPU once, session 21).
+// gpu_scale_pair_e4m3_fast_is_the_division in tests/gpu_fused.rs, so far on the H200 (sm_90a):
+// 448 / c depends on the hardware's approximate reciprocal; the c / 448 half also on the CPU
+// once, session 21).
 // * c / 448: y = fl(c * rq) with rq = fl(1 / 448), then Markstein's correction
 //   fl(y + fl(c - 448 y) * rq) (the remainder exact by FMA).
 // * 448 / c: the division's own fast path (approximate reciprocal, one Newton step, product,
