@@ -56,6 +56,18 @@
 #ifndef TK_PC_STAGED
 #define TK_PC_STAGED 0
 #endif
+// TK_PC_ARRIVE 1: the tile's first barrier (every warp's partial maxima published) waits only
+// in the scale threads' warps (bar.sync on named barrier 1); the other warps announce their
+// partials (bar.arrive) and go straight on to the second barrier, where they wait for the
+// inverses anyway.
+#ifndef TK_PC_ARRIVE
+#define TK_PC_ARRIVE 0
+#endif
+// TK_PC_SF_AFTER 1: the scale threads store their column scales after the second barrier (kept
+// in a register), so that only the inverses sit between the two barriers.
+#ifndef TK_PC_SF_AFTER
+#define TK_PC_SF_AFTER 0
+#endif
 
 using tk::u8;
 using tk::u32;
@@ -111,18 +123,28 @@ struct RowwiseLoad : NoPipe {
     }
 };
 
-// Column c of scale block b of tile (tr, tc), whose maximum |y| is a: its scale and inverse
-// (§1.4: eps 1e-4, Q 448, TK_ROUND powers of two; TK_PC_FAST_SCALES without division calls);
-// the scale stored at sf[row / NPT, column] when the block starts inside the output, the inverse
-// shared through inv_s[b][c].
-__device__ __forceinline__ void put_scale(const Params& p, u64 tr, u64 tc, u32 b, u32 c, float a, float (&inv_s)[NB][TC]) {
+// Column c of scale block b, whose maximum |y| is a: its scale (returned) and inverse, shared
+// through inv_s[b][c] (§1.4: eps 1e-4, Q 448, TK_ROUND powers of two; TK_PC_FAST_SCALES
+// without division calls).
+__device__ __forceinline__ float share_scale(float a, u32 b, u32 c, float (&inv_s)[NB][TC]) {
     float sf, inv;
     if constexpr (TK_PC_FAST_SCALES && TK_ROUND != 0) tkq::scale_pair_pow2(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
     else if constexpr (TK_PC_FAST_SCALES) tkq::scale_pair_e4m3_fast(a, sf, inv);
     else tkq::scale_pair<TK_ROUND != 0>(a, __uint_as_float(0x38D1B717u), 448.0f, sf, inv);
     inv_s[b][c] = inv;
+    return sf;
+}
+
+// Stores the scale sf of column c of scale block b of tile (tr, tc) at sf[row / NPT, column]
+// when the block starts inside the output.
+__device__ __forceinline__ void store_scale(const Params& p, u64 tr, u64 tc, u32 b, u32 c, float sf) {
     const u64 rb = tr * TR + b * TK_NPT;  // first row of the scale block
     if (rb < p.m) reinterpret_cast<float*>(p.sf)[(rb / TK_NPT) * p.k + tc * TC + c] = sf;  // sf[rb / NPT, column]
+}
+
+// share_scale, then store_scale.
+__device__ __forceinline__ void put_scale(const Params& p, u64 tr, u64 tc, u32 b, u32 c, float a, float (&inv_s)[NB][TC]) {
+    store_scale(p, tr, tc, b, c, share_scale(a, b, c, inv_s));
 }
 
 // inv[j] = inv_s[b][lx * 8 + j]: the inverse scales of a lane's 8 columns (two 16-byte loads).
@@ -230,9 +252,18 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         if (ly == 0)
 #pragma unroll
             for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
+#if TK_PC_ARRIVE
+        static_assert(NB * TC % 32 == 0, "the scale threads are whole warps");
+        if (warp < NB * TC / 32) asm volatile("bar.sync 1, %0;" ::"n"(WARPS * 32) : "memory");
+        else asm volatile("bar.arrive 1, %0;" ::"n"(WARPS * 32) : "memory");
+#else
         __syncthreads();
+#endif
         // One thread per (scale block, column) of the tile: the block's column maximum over
         // its WPB warps, its scale (stored) and inverse (shared with the block's threads).
+#if TK_PC_SF_AFTER
+        float sf = 0.0f;  // a scale thread's column scale, stored after the second barrier
+#endif
         if (threadIdx.x < NB * TC) {
             const u32 b = threadIdx.x / TC, c = threadIdx.x % TC;
             float a = 0.0f;
@@ -251,9 +282,16 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #pragma unroll
                 for (int w = 0; w < WPB; ++w) a = fmaxf(a, red[b * WPB + w][c]);
             }
+#if TK_PC_SF_AFTER
+            sf = share_scale(a, b, c, inv_s);
+#else
             put_scale(p, tr, tc, b, c, a, inv_s);
+#endif
         }
         __syncthreads();
+#if TK_PC_SF_AFTER
+        if (threadIdx.x < NB * TC) store_scale(p, tr, tc, threadIdx.x / TC, threadIdx.x % TC, sf);
+#endif
         float inv[8];  // (columns,) inverse scales of this thread's block
         get_inv(inv_s, warp / WPB, lx, inv);
 #if TK_TRANSPOSE
@@ -322,7 +360,11 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         // red (and stage) are reused by the next tile. The transposed output keeps this barrier
         // (stage); the row-major one needs none (TK_PC_NO_END_BARRIER). Every thread of the
         // CTA runs the same tiles (live() and step() depend only on CTA-uniform values) and
-        // there is no barrier under a condition, so barrier k of each thread is the same one.
+        // every warp meets each barrier once per tile (with TK_PC_ARRIVE the first one as a
+        // bar.sync or a bar.arrive on barrier 1, chosen per warp), so barrier k of each thread
+        // is the same one. With TK_PC_ARRIVE a warp that only arrives at the first barrier
+        // does not wait there; "after leaving" it below holds for the scale threads, which
+        // leave it only once every warp has arrived, and that is all the argument uses.
         // The two shared arrays, between tile n and tile n + 1:
         //   red: the scale threads read tile n's before they arrive at tile n's second barrier;
         //     a warp writes tile n + 1's only after leaving that barrier, which needs every

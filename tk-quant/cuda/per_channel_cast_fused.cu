@@ -28,6 +28,14 @@
 // plain K=2048 round 25 % slower. (Flush-to-zero divisions, which keep the division's call,
 // measured 0.4-0.6 % slower.)
 #define TK_PC_FAST_SCALES (TK_IN == 2 && TK_PCF_STAGES > 1)
+// TK_PC_ARRIVE (only the scale warps wait at the tile's first barrier) and TK_PC_SF_AFTER (the
+// column scales stored after the second barrier) for the staged e4m3 pipeline, where they were
+// measured (H200, session 22, D10 and D11, 4 interleaved rounds each): the first made the
+// gathered K=7168 round rows 0.3-0.5 % faster (72/EP8 100.50-100.77 -> 100.00-100.19 µs) and
+// left the others within +-0.2 %; the second, on top, the non-round ones 0.3-0.4 % (72/EP8
+// 100.83-101.14 -> 100.40-100.66 µs). Together 0.1-0.4 % on every gathered K=7168 row.
+#define TK_PC_ARRIVE (TK_IN == 2 && TK_PCF_STAGES > 1)
+#define TK_PC_SF_AFTER (TK_IN == 2 && TK_PCF_STAGES > 1)
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets as
 // many as the run has tiles, so a run's tiles are all in flight from its first tile on: 4 for
 // gathered rows, 2 for plain grids of runs of 2 filling at least one wave of CTAs), or 0: the
