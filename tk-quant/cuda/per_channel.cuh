@@ -56,6 +56,12 @@
 #ifndef TK_PC_STAGED
 #define TK_PC_STAGED 0
 #endif
+// TK_PC_XRED 1: the warp's column maxima folded over its 4 row groups by a transposing
+// exchange (each step keeps half the columns: 6 shuffles instead of 16), each lane then
+// publishing 2 columns.
+#ifndef TK_PC_XRED
+#define TK_PC_XRED 0
+#endif
 // TK_PC_ARRIVE 1: the tile's first barrier (every warp's partial maxima published) waits only
 // in the scale threads' warps (bar.sync on named barrier 1); the other warps announce their
 // partials (bar.arrive) and go straight on to the second barrier, where they wait for the
@@ -165,7 +171,11 @@ __device__ __forceinline__ void get_inv(const float (&inv_s)[NB][TC], u32 b, u32
 // object per thread lives across the tile loop (members may cache per-row work).
 template <class Src>
 __device__ __forceinline__ void tile_kernel(const Params& p) {
+#if TK_PC_XRED
+    __shared__ __align__(16) float red[WARPS][TC];  // (warps, columns) partial column maxima
+#else
     __shared__ float red[WARPS][TC];                // (warps, columns) partial column maxima
+#endif
     __shared__ __align__(16) float inv_s[NB][TC];  // (scale blocks, columns) inverse scales
 #if TK_TRANSPOSE
     __shared__ __align__(16) u8 stage[TC * ROW_PITCH];  // (columns, rows + pad) e4m3 codes
@@ -246,12 +256,31 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             am[j] = 0.0f;
 #pragma unroll
             for (int i = 0; i < RPT; ++i) am[j] = fmaxf(am[j], fabsf(y[i][j]));
+#if !TK_PC_XRED
 #pragma unroll
             for (int o = LX; o < 32; o <<= 1) am[j] = fmaxf(am[j], __shfl_xor_sync(0xFFFFFFFFu, am[j], o));
+#endif
         }
+#if TK_PC_XRED
+        {
+            // Lane (ly, lx) ends with columns 8 lx + 4 (ly & 1) + 2 (ly >> 1) + {0, 1}: the xor-8
+            // step keeps the half of the 8 columns named by ly & 1 and sends the other half to
+            // its partner, the xor-16 step the same for ly >> 1 on the 4 kept columns.
+            const bool b0 = ly & 1, b1 = ly & 2;
+            float h[4];  // (columns 8 lx + 4 b0 + k,) max over 2 row groups
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                h[k] = fmaxf(b0 ? am[4 + k] : am[k], __shfl_xor_sync(0xFFFFFFFFu, b0 ? am[k] : am[4 + k], LX));
+            float2 m2;  // (columns 8 lx + 4 b0 + 2 b1 + {0, 1},) max over the warp's 16 rows
+            m2.x = fmaxf(b1 ? h[2] : h[0], __shfl_xor_sync(0xFFFFFFFFu, b1 ? h[0] : h[2], 2 * LX));
+            m2.y = fmaxf(b1 ? h[3] : h[1], __shfl_xor_sync(0xFFFFFFFFu, b1 ? h[1] : h[3], 2 * LX));
+            *reinterpret_cast<float2*>(&red[warp][lx * 8 + 4 * b0 + 2 * b1]) = m2;
+        }
+#else
         if (ly == 0)
 #pragma unroll
             for (int j = 0; j < 8; ++j) red[warp][lx * 8 + j] = am[j];
+#endif
 #if TK_PC_ARRIVE
         static_assert(NB * TC % 32 == 0, "the scale threads are whole warps");
         if (warp < NB * TC / 32) asm volatile("bar.sync 1, %0;" ::"n"(WARPS * 32) : "memory");

@@ -36,6 +36,12 @@
 // 100.83-101.14 -> 100.40-100.66 µs). Together 0.1-0.4 % on every gathered K=7168 row.
 #define TK_PC_ARRIVE (TK_IN == 2 && TK_PCF_STAGES > 1)
 #define TK_PC_SF_AFTER (TK_IN == 2 && TK_PCF_STAGES > 1)
+// TK_PC_XRED (the warp's column maxima by a transposing exchange: 6 shuffles instead of 16, 12
+// selects more) for the staged gathered rows (4 slots), where it was measured (H200, session
+// 22, D13, 4 interleaved rounds): gathered K=7168 rows 0.2-0.6 % faster (K=6 72/EP8
+// 100.33-100.53 -> 99.73-100.11 µs, 256/EP64 98.91-99.18 -> 98.58-98.88), K=4096 0.2-0.7 %;
+// the plain rows (runs of 2, 2 slots) 1 % slower with it, so they keep the shuffles.
+#define TK_PC_XRED (TK_IN == 2 && TK_PCF_STAGES > 2)
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets as
 // many as the run has tiles, so a run's tiles are all in flight from its first tile on: 4 for
 // gathered rows, 2 for plain grids of runs of 2 filling at least one wave of CTAs), or 0: the
