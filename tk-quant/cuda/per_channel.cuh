@@ -62,6 +62,12 @@
 #ifndef TK_PC_XRED
 #define TK_PC_XRED 0
 #endif
+// TK_PC_WHOLE 1 (TK_PC_RUN > 1; the host's promise: K / 64 % TK_PC_RUN == 0 and a grid of
+// exactly T / TK_PC_RUN CTAs): every CTA's run is TK_PC_RUN whole tiles of one row tile, so the
+// tile loop is unrolled (constant slots, per-run addresses) without per-tile bound checks.
+#ifndef TK_PC_WHOLE
+#define TK_PC_WHOLE 0
+#endif
 // TK_PC_ARRIVE 1: the tile's first barrier (every warp's partial maxima published) waits only
 // in the scale threads' warps (bar.sync on named barrier 1); the other warps announce their
 // partials (bar.arrive) and go straight on to the second barrier, where they wait for the
@@ -194,8 +200,12 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
     const u32 tiles_c = (u32)(p.k / TC), tiles_r = (u32)((p.m + TR - 1) / TR);
     const u32 b = blockIdx.y * gridDim.x + blockIdx.x;
     constexpr u32 RUN = TK_PC_RUN;
+    constexpr bool WHOLE = TK_PC_WHOLE != 0;
+    static_assert(!WHOLE || RUN > 1, "whole runs need runs");
     const auto step = [&](u32& tr, u32& tc) {  // (tr, tc) of this CTA's next tile
-        if constexpr (RUN > 1) {
+        if constexpr (WHOLE) {
+            ++tc;
+        } else if constexpr (RUN > 1) {
             if (++tc == tiles_c) tc = 0, ++tr;
         } else {  // t + nb (host-computed stride)
             tc += p.step_c;
@@ -204,12 +214,13 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
         }
     };
     // Whether this CTA's n-th tile (row tile tr) exists.
-    const auto live = [&](u32 n, u32 tr) { return tr < tiles_r && (RUN == 1 || n < RUN); };
+    const auto live = [&](u32 n, u32 tr) { return WHOLE ? n < RUN : tr < tiles_r && (RUN == 1 || n < RUN); };
     constexpr bool PIPE = Src::PIPE;
     Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
     const u32 t0 = RUN > 1 ? b * RUN : b;            // this CTA's first tile
     u32 tr32 = t0 / tiles_c, tc32 = t0 % tiles_c;  // this CTA's current tile
+    if (WHOLE && tr32 >= tiles_r) return;
 #if TK_PC_STAGED
     // Staged: tile n's copies go to slot n % S, issued S - 1 tiles ahead (one commit group per
     // tile, empty past the CTA's last tile, so that group n is complete after wait_group S - 1
@@ -224,6 +235,9 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
 #else
     if constexpr (PIPE)
         if (live(0, tr32)) src.fetch(p, u64{tr32} * TR + rg * RPT, u64{tc32} * TC + lx * 8, raw);
+#endif
+#if TK_PC_WHOLE
+#pragma unroll
 #endif
     for (u32 n = 0; live(n, tr32); ++n, step(tr32, tc32)) {
         const u64 tr = tr32, tc = tc32;  // row tile, column tile

@@ -214,7 +214,7 @@ mod gpu {
 
     impl PerChannelGrid {
         /// `TK_PC_RUN`: the run length (1 unless `Runs`).
-        fn run(self) -> usize {
+        pub(crate) fn run(self) -> usize {
             match self {
                 PerChannelGrid::Runs(r) => r,
                 _ => 1,
@@ -400,6 +400,24 @@ mod index_model {
             }
         }
         v
+    }
+
+    /// `TK_PC_WHOLE` (`tiles_c % run == 0`): CTA `b` takes `(t0 / tiles_c, t0 % tiles_c + n)`
+    /// for `n < run`, without the carry or the row bound: the same tiles in the same order.
+    #[test]
+    fn whole_runs_are_the_runs() {
+        for tiles_r in [1, 2, 7, 198] {
+            for (tiles_c, run) in [(2, 2), (10, 2), (112, 2), (4, 4), (112, 4), (40, 4)] {
+                let whole: Vec<_> = (0..tiles_r * tiles_c / run)
+                    .flat_map(|b| (0..run).map(move |n| (b * run / tiles_c, b * run % tiles_c + n)))
+                    .collect();
+                assert_eq!(
+                    whole,
+                    run_tiles(tiles_r, tiles_c, run),
+                    "{tiles_r}x{tiles_c} run {run}"
+                );
+            }
+        }
     }
 
     #[test]

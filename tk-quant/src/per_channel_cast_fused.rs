@@ -418,12 +418,21 @@ mod gpu {
         }
     }
 
+    /// Whether the staged runs of `(grid, stages)` over `K = k` columns are whole
+    /// (`TK_PC_WHOLE`: `K / 64` a multiple of the run, so each CTA's run is that many column
+    /// tiles of one row tile, and the kernel unrolls its tile loop with constant slots). H200
+    /// (session 23): see `TK_PC_WHOLE` in `cuda/per_channel_cast_fused.cu`.
+    fn whole_runs((grid, stages): (PerChannelGrid, u32), k: usize) -> bool {
+        stages > 1 && (k / 64) % grid.run() == 0
+    }
+
     fn spec(
         input: u8,
         round_sf: bool,
         vecio: bool,
         pitch32: bool,
         (grid, stages): (PerChannelGrid, u32),
+        whole: bool,
     ) -> KernelSpec {
         per_channel_spec(
             &SOURCE,
@@ -448,6 +457,7 @@ mod gpu {
         .define("TK_GATHER32", (input == 2 && !round_sf) as u8)
         .define("TK_PCF_PITCH32", pitch32 as u8)
         .define("TK_PCF_STAGES", stages)
+        .define("TK_PC_WHOLE", whole as u8)
     }
 
     /// The specialisations the tests and benchmarks launch, plus the u64-address form of e4m3
@@ -465,9 +475,14 @@ mod gpu {
                 ];
                 pipes.dedup();
                 for pipe in pipes {
-                    v.push(spec(input, round, true, input == 2, pipe));
-                    if input == 2 {
-                        v.push(spec(input, round, true, false, pipe));
+                    // Staged runs whole (K = 256: 4 column tiles) and not (K = 64).
+                    let mut wholes = vec![whole_runs(pipe, 64), whole_runs(pipe, 256)];
+                    wholes.dedup();
+                    for whole in wholes {
+                        v.push(spec(input, round, true, input == 2, pipe, whole));
+                        if input == 2 {
+                            v.push(spec(input, round, true, false, pipe, whole));
+                        }
                     }
                 }
             }
@@ -555,7 +570,16 @@ mod gpu {
             args,
             &align,
             (out, out_sf),
-            |vec| spec(input, params.round_sf, vec, pitch32, pipe),
+            |vec| {
+                spec(
+                    input,
+                    params.round_sf,
+                    vec,
+                    pitch32,
+                    pipe,
+                    whole_runs(pipe, plan.k),
+                )
+            },
         )
     }
 
@@ -578,7 +602,26 @@ mod gpu {
 
     #[cfg(test)]
     mod tests {
-        use super::{pipeline, PerChannelGrid};
+        use super::{pipeline, whole_runs, PerChannelGrid};
+
+        /// Whole runs: staged pipelines whose run divides the column tiles only.
+        #[test]
+        fn whole_runs_by_pipeline_and_k() {
+            let (runs2, runs4, staged4) = (
+                (PerChannelGrid::Runs(2), 2),
+                (PerChannelGrid::Runs(4), 0),
+                (PerChannelGrid::Runs(4), 4),
+            );
+            for k in [256, 2048, 2560, 3072, 4096, 6144, 7168] {
+                assert!(whole_runs(staged4, k) && whole_runs(runs2, k), "K = {k}");
+                assert!(!whole_runs(runs4, k), "K = {k}");
+                assert!(!whole_runs((PerChannelGrid::Tiles, 0), k), "K = {k}");
+            }
+            for k in [64, 128, 384, 640, 4224] {
+                assert!(!whole_runs(staged4, k), "K = {k}");
+            }
+            assert!(whole_runs(runs2, 4224) && !whole_runs(runs2, 4160));
+        }
 
         /// On the H200's 132 SMs (528 resident CTAs): plain e4m3 rows in runs of 2, staged,
         /// where those runs fill a wave (N = 4096: K >= 2112), else in runs of 4 with the
