@@ -1840,12 +1840,11 @@ fn gpu_per_channel_cast_fused_off_grid() {
     // blocks, repeated sources; no map with N = 0; fp32 input; K = 128 (one input group);
     // no map with N = 4096, K = 4224 (528 runs of 4 tiles: on a 132-SM H200 exactly the
     // resident CTAs, the smallest plain e4m3 grid that takes the staged pipeline; K = 4096,
-    // 512 runs, in the grid keeps the register prefetch); no map with N = 4096, K = 4160 (65
-    // column tiles: staged runs of 2 that are not whole, `TK_PC_WHOLE` 0; gathered rows with
-    // K / 64 not a multiple of 4 are the other cases here).
+    // 512 runs, in the grid keeps the register prefetch). Gathered e4m3 runs of 4 that are not
+    // whole (`TK_PC_WHOLE` 0: K / 64 not a multiple of 4): K = 128, 384, 640, 4224; whole:
+    // K = 256 (and the spec grid's K).
     let cases = [
         (4096, 48, 4224, false),
-        (4096, 48, 4160, false),
         (40, 48, 128, false),
         (300, 144, 256, true),
         (16, 256, 384, false),
