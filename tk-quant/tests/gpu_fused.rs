@@ -38,7 +38,6 @@
 //! 24 s for the largest fused case).
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -350,37 +349,27 @@ fn gpu_expf(dev: &Device, args: &[f32]) -> Vec<f32> {
         .into_vec()
 }
 
-/// The GPU's `expf` replayed in the order a reference asks for it: every argument is checked
-/// against the recorded one, so a different evaluation order fails loudly.
+/// The GPU's `expf` of each element's argument, replayed by element index (the backward
+/// reference asks for element `e = i · H + j` from any thread): every argument is checked
+/// against the recorded one, so a reference that asks another element's `expf` fails loudly.
 struct Replay {
     args: Vec<f32>,
     vals: Vec<f32>,
-    next: Cell<usize>,
 }
 
 impl Replay {
     fn new(dev: &Device, args: Vec<f32>) -> Self {
         let vals = gpu_expf(dev, &args);
-        Self {
-            args,
-            vals,
-            next: Cell::new(0),
-        }
+        Self { args, vals }
     }
 
-    fn expf(&self, x: f32) -> f32 {
-        let i = self.next.get();
+    fn expf(&self, e: usize, x: f32) -> f32 {
         assert!(
-            i < self.args.len() && self.args[i].to_bits() == x.to_bits(),
-            "the reference asked expf({x:e}) as call {i}, the test replays {:?}",
-            self.args.get(i)
+            e < self.args.len() && self.args[e].to_bits() == x.to_bits(),
+            "the reference asked expf({x:e}) for element {e}, the test replays {:?}",
+            self.args.get(e)
         );
-        self.next.set(i + 1);
-        self.vals[i]
-    }
-
-    fn reset(&self) {
-        self.next.set(0);
+        self.vals[e]
     }
 }
 
@@ -1223,18 +1212,26 @@ impl BwdData {
         }
     }
 
-    /// The reference's `expf` arguments in its order: `−X` (clamped) for each row, column.
+    /// The reference's `expf` arguments by element `i · H + j`: `−X` (clamped) for each row
+    /// `i`, gate column `j` (rows in parallel).
     fn expf_args(&self, c: Option<f32>) -> Vec<f32> {
         let (n, two_h) = (self.q_layout.shape()[0], self.q_layout.shape()[1]);
         let (h, ld, nbk) = (two_h / 2, self.q_layout.strides()[0], two_h / self.npc);
-        let (q, sf) = (self.q.as_slice(), self.sf.as_slice());
-        let mut v = Vec::with_capacity(n * h);
-        for i in 0..n {
-            for j in 0..h {
-                let x = e4m3_to_f32(q[i * ld + j].to_bits()) * sf[i * nbk + j / self.npc];
-                v.push(-clamp_gate(x, c).0);
+        let (q, sf, npc) = (self.q.as_slice(), self.sf.as_slice(), self.npc);
+        let mut v = vec![0.0f32; n * h];
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let rows_per = n.div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            for (part, chunk) in v.chunks_mut((rows_per * h).max(1)).enumerate() {
+                s.spawn(move || {
+                    for (e, a) in chunk.iter_mut().enumerate() {
+                        let (i, j) = (part * rows_per + e / h, e % h);
+                        let x = e4m3_to_f32(q[i * ld + j].to_bits()) * sf[i * nbk + j / npc];
+                        *a = -clamp_gate(x, c).0;
+                    }
+                });
             }
-        }
+        });
         v
     }
 }
@@ -1266,11 +1263,11 @@ fn check_backward(
     };
     tk_quant::swiglu_backward_and_per_token_cast_into(&data.device(), params, &mut outs).unwrap();
     drop(outs);
-    replay.reset();
-    let r = reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), params, &|x| {
-        replay.expf(x)
-    })
-    .unwrap();
+    let r =
+        reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), params, &|e, x| {
+            replay.expf(e, x)
+        })
+        .unwrap();
     assert_bits_eq(
         &format!("{name}: out"),
         out.to_host().unwrap().as_slice(),
@@ -1434,11 +1431,11 @@ fn gpu_swiglu_backward_off_grid() {
         // The allocating form gives the same bits.
         let p = SwigluBackwardParams::new(npc, true, clamp);
         let a = tk_quant::swiglu_backward_and_per_token_cast(&data.device(), &p).unwrap();
-        replay.reset();
-        let r = reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), &p, &|x| {
-            replay.expf(x)
-        })
-        .unwrap();
+        let r =
+            reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), &p, &|e, x| {
+                replay.expf(e, x)
+            })
+            .unwrap();
         check_quant(
             &format!("{name} allocating"),
             &a.x_grad_fp8,

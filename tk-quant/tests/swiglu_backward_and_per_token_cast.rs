@@ -11,9 +11,10 @@ mod op_common;
 use float8::F8E4M3;
 use half::bf16;
 use op_common::{assert_err, e4m3_data};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tk_core::testing::Rng;
 use tk_core::HostTensor;
-use tk_quant::reference::swiglu::cpu_expf;
+use tk_quant::reference::swiglu::{clamp_gate, cpu_expf};
 use tk_quant::reference::{
     cast, per_token_cast, swiglu_backward_and_per_token_cast,
     swiglu_backward_and_per_token_cast_with_expf, swiglu_backward_element,
@@ -301,6 +302,66 @@ fn op_equals_independent_implementation() {
     }
 }
 
+/// Rows split over threads (a case above the reference's parallel threshold): `expf` is asked
+/// exactly once per element `e = i · H + j` with that element's `−X`, and the outputs are the
+/// element function's, row by row (`weight_grad` the same f64 sum).
+#[test]
+fn rows_in_parallel_ask_expf_by_element() {
+    let mut rng = Rng::for_case("swiglu_bwd/parallel");
+    let (t, k, h, npc) = (64, 2, 2048, 128);
+    let case = random_case(&mut rng, t, k, h, npc);
+    let n = case.p2t.shape()[0];
+    let c = Some(0.5);
+    let deq = |i: usize, col: usize| {
+        tk_core::convert::e4m3_to_f32(case.xq.as_slice()[i * 2 * h + col].to_bits())
+            * case.xs.as_slice()[i * (2 * h / npc) + col / npc]
+    };
+    let args: Vec<f32> = (0..n * h)
+        .map(|e| -clamp_gate(deq(e / h, e % h), c).0)
+        .collect();
+    let calls = AtomicUsize::new(0);
+    let p = Params::new(npc, true, c);
+    let o = swiglu_backward_and_per_token_cast_with_expf(&case.inputs(), &p, &|e, v| {
+        assert_eq!(v.to_bits(), args[e].to_bits(), "element {e}");
+        calls.fetch_add(1, Ordering::Relaxed);
+        cpu_expf(v)
+    })
+    .unwrap();
+    assert_eq!(calls.load(Ordering::Relaxed), n * h);
+    let mut wg = vec![0.0f32; t * k];
+    for i in 0..n {
+        let pi = case.p2t.as_slice()[i];
+        let w = if pi >= 0 {
+            case.weight.as_slice()[pi as usize]
+        } else {
+            0.0
+        };
+        let mut sum = 0.0f64;
+        for j in 0..h {
+            let g = case.grad.as_slice()[i * h + j].to_f32();
+            let e = swiglu_backward_element(deq(i, j), deq(i, h + j), g, w, c, &cpu_expf);
+            assert_eq!(
+                o.out.as_slice()[i * h + j].to_bits(),
+                bf16::from_f32(e.out).to_bits()
+            );
+            assert_eq!(
+                o.x_grad.as_slice()[i * 2 * h + j].to_bits(),
+                bf16::from_f32(e.dx).to_bits()
+            );
+            assert_eq!(
+                o.x_grad.as_slice()[i * 2 * h + h + j].to_bits(),
+                bf16::from_f32(e.dy).to_bits()
+            );
+            sum += g as f64 * e.act as f64;
+        }
+        if pi >= 0 {
+            wg[pi as usize] = sum as f32;
+        }
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(o.weight_grad.as_slice()), bits(&wg));
+}
+
 #[test]
 fn a_foreign_expf_changes_only_what_depends_on_it() {
     // The GPU tests run the reference with the GPU's expf; here a one-ulp-up expf must be
@@ -316,7 +377,8 @@ fn a_foreign_expf_changes_only_what_depends_on_it() {
         }
     };
     let p = Params::new(128, true, None);
-    let a = swiglu_backward_and_per_token_cast_with_expf(&case.inputs(), &p, &other).unwrap();
+    let a =
+        swiglu_backward_and_per_token_cast_with_expf(&case.inputs(), &p, &|_, v| other(v)).unwrap();
     let h = 128;
     let n = case.p2t.shape()[0];
     let mut fp32_changes = 0;

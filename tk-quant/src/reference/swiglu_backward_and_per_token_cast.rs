@@ -2,9 +2,10 @@
 //!
 //! The only operation a CPU cannot reproduce is CUDA's `expf` (see [`crate::swiglu`]), so the
 //! reference is parameterised by it: [`swiglu_backward_and_per_token_cast_with_expf`] with the
-//! GPU's own `expf` values (e.g. a table over the `−X` the test feeds in) is bit-exact for
-//! `out`, `x_grad`, `x_grad_fp8` and its scales; [`swiglu_backward_and_per_token_cast`] uses
-//! [`cpu_expf`]. [`swiglu_backward_element`] is the per-element arithmetic, in the spec's exact
+//! GPU's own `expf` values (e.g. the GPU's `expf` of every element's `−X`, looked up by the
+//! element's index) is bit-exact for `out`, `x_grad`, `x_grad_fp8` and its scales;
+//! [`swiglu_backward_and_per_token_cast`] uses [`cpu_expf`]. Rows are computed in parallel
+//! ([`super::par_rows`]), each with the sequential arithmetic. [`swiglu_backward_element`] is the per-element arithmetic, in the spec's exact
 //! order, with its single FMA ([`f32::mul_add`]).
 //!
 //! See [`crate::swiglu_backward_and_per_token_cast`](mod@crate::swiglu_backward_and_per_token_cast) for shapes, dtypes, preconditions and the
@@ -14,6 +15,7 @@ use half::bf16;
 use tk_core::convert::{bf16_from_f32, e4m3_to_f32};
 use tk_core::{HostTensor, Result};
 
+use super::par_rows;
 use super::swiglu::{clamp_gate, clamp_value, cpu_expf};
 use crate::scale::{HostScales, ScaleOptions};
 use crate::swiglu_backward_and_per_token_cast::{
@@ -91,17 +93,20 @@ pub fn swiglu_backward_and_per_token_cast(
     inputs: &SwigluBackwardInputs<'_>,
     params: &SwigluBackwardParams,
 ) -> Result<SwigluBackwardOutput> {
-    swiglu_backward_and_per_token_cast_with_expf(inputs, params, &cpu_expf)
+    swiglu_backward_and_per_token_cast_with_expf(inputs, params, &|_, v| cpu_expf(v))
 }
 
 /// `swiglu_backward_and_per_token_cast` with a caller-given `expf`; everything else is exact.
-/// `weight_grad` is summed in f64 (each product `g · act` exact) and rounded once.
+/// `expf(e, v)` is asked once for each element `e = i · H + j` (row `i`, gate column `j`) with
+/// its argument `v = −X`, from several threads (rows in parallel), so a caller can look the
+/// value up by `e`. `weight_grad` is summed in f64 (each product `g · act` exact) and rounded
+/// once.
 ///
 /// Errors: see [`crate::swiglu_backward_and_per_token_cast::validate`].
 pub fn swiglu_backward_and_per_token_cast_with_expf(
     inputs: &SwigluBackwardInputs<'_>,
     params: &SwigluBackwardParams,
-    expf: &dyn Fn(f32) -> f32,
+    expf: &(dyn Fn(usize, f32) -> f32 + Sync),
 ) -> Result<SwigluBackwardOutput> {
     let plan = validate(inputs, params)?;
     let (n, h, npc) = (plan.n, plan.h, params.num_per_channels);
@@ -109,31 +114,51 @@ pub fn swiglu_backward_and_per_token_cast_with_expf(
     let QuantDataView::E4M3(xq) = &inputs.x else {
         unreachable!("validate requires e4m3 data")
     };
-    let mut out = Vec::with_capacity(n * h);
     let mut grad = vec![0.0f32; n * 2 * h];
-    let mut weight_grad = vec![0.0f32; t * k];
-    for i in 0..n {
-        let p = inputs.pos_to_token_topk.at(&[i]);
-        let w = if p >= 0 {
-            inputs.weight.at(&[p as usize / k, p as usize % k])
-        } else {
-            0.0
-        };
-        let xrow = row(xq, i);
-        let grow = row(&inputs.grad_out, i);
-        let deq = |c: usize| e4m3_to_f32(xrow[c].to_bits()) * inputs.x_sf.at(&[i, c / npc]);
-        let mut sum = 0.0f64;
-        for j in 0..h {
-            let g = grow[j].to_f32();
-            let e =
-                swiglu_backward_element(deq(j), deq(h + j), g, w, params.swiglu_clamp_value, expf);
-            out.push(bf16_from_f32(e.out));
-            grad[i * 2 * h + j] = e.dx;
-            grad[i * 2 * h + h + j] = e.dy;
-            sum += g as f64 * e.act as f64;
+    // Rows in parallel: each run of rows returns its `out` rows and each row's
+    // (routing slot, weight_grad) in row order.
+    let parts = par_rows(&mut grad, 2 * h, 3 * h, |first, run| {
+        let mut out = Vec::with_capacity(run.len() / 2);
+        let mut sums = Vec::with_capacity(run.len() / (2 * h));
+        for (r, grow2) in run.chunks_mut(2 * h).enumerate() {
+            let i = first + r;
+            let p = inputs.pos_to_token_topk.at(&[i]);
+            let w = if p >= 0 {
+                inputs.weight.at(&[p as usize / k, p as usize % k])
+            } else {
+                0.0
+            };
+            let xrow = row(xq, i);
+            let grow = row(&inputs.grad_out, i);
+            let deq = |c: usize| e4m3_to_f32(xrow[c].to_bits()) * inputs.x_sf.at(&[i, c / npc]);
+            let mut sum = 0.0f64;
+            for j in 0..h {
+                let g = grow[j].to_f32();
+                let e = swiglu_backward_element(
+                    deq(j),
+                    deq(h + j),
+                    g,
+                    w,
+                    params.swiglu_clamp_value,
+                    &|v| expf(i * h + j, v),
+                );
+                out.push(bf16_from_f32(e.out));
+                grow2[j] = e.dx;
+                grow2[h + j] = e.dy;
+                sum += g as f64 * e.act as f64;
+            }
+            sums.push((p, sum as f32));
         }
-        if p >= 0 {
-            weight_grad[p as usize] = sum as f32;
+        (out, sums)
+    });
+    let mut out = Vec::with_capacity(n * h);
+    let mut weight_grad = vec![0.0f32; t * k];
+    for (o, sums) in parts {
+        out.extend(o);
+        for (p, sum) in sums {
+            if p >= 0 {
+                weight_grad[p as usize] = sum;
+            }
         }
     }
     let grad = HostTensor::from_vec(grad, &[n, 2 * h])?;
