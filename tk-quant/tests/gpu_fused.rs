@@ -1236,14 +1236,32 @@ impl BwdData {
     }
 }
 
-/// Runs the GPU backward (outputs poisoned) and compares with the reference given the GPU's
-/// `expf` (replayed).
+/// The reference of one backward source and clamp given the GPU's `expf` (replayed): the
+/// gradient before the cast (both roundings of the scales cast it) and its bf16 `x_grad`.
+struct BwdRef {
+    g: reference::SwigluBackwardGrad,
+    x_grad: HostTensor<bf16>,
+}
+
+impl BwdRef {
+    fn new(data: &BwdData, clamp: Option<f32>, replay: &Replay) -> Self {
+        let p = SwigluBackwardParams::new(data.npc, false, clamp);
+        let g =
+            reference::swiglu_backward_grad_with_expf(&data.host(), &p, &|e, x| replay.expf(e, x))
+                .unwrap();
+        let x_grad = g.x_grad().unwrap();
+        Self { g, x_grad }
+    }
+}
+
+/// Runs the GPU backward (outputs poisoned) and compares with the reference `r` of its data
+/// and clamp (`params`' rounding picks the cast of `r`'s gradient).
 fn check_backward(
     dev: &Device,
     name: &str,
     data: &BwdData,
     params: &SwigluBackwardParams,
-    replay: &Replay,
+    r: &BwdRef,
 ) {
     let (n, two_h) = (data.q_layout.shape()[0], data.q_layout.shape()[1]);
     let (t, k) = (data.weight.shape()[0], data.weight.shape()[1]);
@@ -1263,33 +1281,23 @@ fn check_backward(
     };
     tk_quant::swiglu_backward_and_per_token_cast_into(&data.device(), params, &mut outs).unwrap();
     drop(outs);
-    let r =
-        reference::swiglu_backward_and_per_token_cast_with_expf(&data.host(), params, &|e, x| {
-            replay.expf(e, x)
-        })
-        .unwrap();
     assert_bits_eq(
         &format!("{name}: out"),
         out.to_host().unwrap().as_slice(),
-        r.out.as_slice(),
+        r.g.out.as_slice(),
     );
     assert_bits_eq(
         &format!("{name}: x_grad"),
         xg.to_host().unwrap().as_slice(),
         r.x_grad.as_slice(),
     );
-    check_quant(
-        name,
-        &DeviceQuantData::E4M3(q),
-        &sf,
-        &r.x_grad_fp8,
-        &r.x_grad_fp8_sf,
-    );
+    let (rq, rsf) = r.g.cast(params.num_per_channels, params.round_sf).unwrap();
+    check_quant(name, &DeviceQuantData::E4M3(q), &sf, &rq, &rsf);
     let got = wg.to_host().unwrap();
     for (i, (&g, &e)) in got
         .as_slice()
         .iter()
-        .zip(r.weight_grad.as_slice())
+        .zip(r.g.weight_grad.as_slice())
         .enumerate()
     {
         assert!(
@@ -1347,7 +1355,8 @@ fn gpu_swiglu_backward_grid() {
             if replay.as_ref().is_none_or(|r| !same_bits(&r.args, &args)) {
                 replay = Some(Replay::new(&dev, args));
             }
-            let replay = replay.as_ref().unwrap();
+            // One reference gradient per clamp; each rounding casts it.
+            let r = BwdRef::new(&data, clamp, replay.as_ref().unwrap());
             for round in [false, true] {
                 let p = SwigluBackwardParams::new(npc, round, clamp);
                 check_backward(
@@ -1355,7 +1364,7 @@ fn gpu_swiglu_backward_grid() {
                     &format!("{name} round={round} clamp={clamp:?}"),
                     &data,
                     &p,
-                    replay,
+                    &r,
                 );
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -1419,13 +1428,14 @@ fn gpu_swiglu_backward_off_grid() {
             ),
         );
         let replay = Replay::new(&dev, data.expf_args(clamp));
+        let r = BwdRef::new(&data, clamp, &replay);
         for round in [false, true] {
             check_backward(
                 &dev,
                 &format!("{name} round={round}"),
                 &data,
                 &SwigluBackwardParams::new(npc, round, clamp),
-                &replay,
+                &r,
             );
         }
         // The allocating form gives the same bits.

@@ -18,6 +18,7 @@ use tk_quant::reference::swiglu::{clamp_gate, cpu_expf};
 use tk_quant::reference::{
     cast, per_token_cast, swiglu_backward_and_per_token_cast,
     swiglu_backward_and_per_token_cast_with_expf, swiglu_backward_element,
+    swiglu_backward_grad_with_expf,
 };
 use tk_quant::swiglu_backward_and_per_token_cast::{validate, validate_dims};
 use tk_quant::{
@@ -360,6 +361,32 @@ fn rows_in_parallel_ask_expf_by_element() {
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(o.weight_grad.as_slice()), bits(&wg));
+}
+
+/// The gradient computed once and cast for each rounding is the op's output for that rounding
+/// (a multi-thread case: `x_grad`'s bf16 rows in parallel).
+#[test]
+fn grad_then_cast_is_the_op() {
+    let mut rng = Rng::for_case("swiglu_bwd/grad");
+    let (t, k, h, npc) = (64, 2, 2048, 32);
+    let case = random_case(&mut rng, t, k, h, npc);
+    let expf = |_: usize, v: f32| cpu_expf(v);
+    let g = swiglu_backward_grad_with_expf(&case.inputs(), &Params::new(npc, false, None), &expf)
+        .unwrap();
+    let x_grad = g.x_grad().unwrap();
+    for round in [false, true] {
+        let o = swiglu_backward_and_per_token_cast(&case.inputs(), &Params::new(npc, round, None))
+            .unwrap();
+        assert_eq!(g.cast(npc, round).unwrap(), (o.x_grad_fp8, o.x_grad_fp8_sf));
+        let bits16 = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits16(x_grad.as_slice()), bits16(o.x_grad.as_slice()));
+        assert_eq!(bits16(g.out.as_slice()), bits16(o.out.as_slice()));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(g.weight_grad.as_slice()),
+            bits(o.weight_grad.as_slice())
+        );
+    }
 }
 
 #[test]

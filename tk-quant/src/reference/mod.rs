@@ -82,7 +82,8 @@ pub use per_token_cast::{
 };
 pub use swiglu_backward_and_per_token_cast::{
     swiglu_backward_and_per_token_cast, swiglu_backward_and_per_token_cast_with_expf,
-    swiglu_backward_element, BackwardElement, SwigluBackwardOutput,
+    swiglu_backward_element, swiglu_backward_grad_with_expf, BackwardElement, SwigluBackwardGrad,
+    SwigluBackwardOutput,
 };
 pub use swiglu_forward_and_per_channel_cast_and_transpose::{
     swiglu_forward_and_per_channel_cast_and_transpose,

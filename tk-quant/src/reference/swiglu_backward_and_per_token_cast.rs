@@ -4,9 +4,9 @@
 //! reference is parameterised by it: [`swiglu_backward_and_per_token_cast_with_expf`] with the
 //! GPU's own `expf` values (e.g. the GPU's `expf` of every element's `−X`, looked up by the
 //! element's index) is bit-exact for `out`, `x_grad`, `x_grad_fp8` and its scales;
-//! [`swiglu_backward_and_per_token_cast`] uses [`cpu_expf`]. Rows are computed in parallel
-//! ([`super::par_rows`]), each with the sequential arithmetic. [`swiglu_backward_element`] is the per-element arithmetic, in the spec's exact
-//! order, with its single FMA ([`f32::mul_add`]).
+//! [`swiglu_backward_and_per_token_cast`] uses [`cpu_expf`]. Rows are computed in parallel,
+//! each with the sequential arithmetic. [`swiglu_backward_element`] is the per-element
+//! arithmetic, in the spec's exact order, with its single FMA ([`f32::mul_add`]).
 //!
 //! See [`crate::swiglu_backward_and_per_token_cast`](mod@crate::swiglu_backward_and_per_token_cast) for shapes, dtypes, preconditions and the
 //! deviations from upstream.
@@ -86,6 +86,50 @@ pub struct SwigluBackwardOutput {
     pub weight_grad: HostTensor<f32>,
 }
 
+/// The backward before its cast: what [`swiglu_backward_and_per_token_cast_with_expf`] casts
+/// (one computation serves both roundings of the scales).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwigluBackwardGrad {
+    /// `(N, H)` bf16: `bf16(fl(act · w))`.
+    pub out: HostTensor<bf16>,
+    /// `(N, 2H)` fp32: the gradient `[dX | dY]`.
+    pub grad: HostTensor<f32>,
+    /// `(T, k)` fp32: `Σ_j g_j · act_j` at each row's routing slot, 0 elsewhere.
+    pub weight_grad: HostTensor<f32>,
+}
+
+impl SwigluBackwardGrad {
+    /// `x_grad_fp8` `(N, 2H)` e4m3 and its scales (fp32 layout A `(N, 2H/npc)`): the per-token
+    /// cast of `grad` in groups of `npc` columns, scales rounded to powers of two when
+    /// `round_sf`.
+    ///
+    /// Errors: `npc` not a divisor of `2H` (see [`super::cast()`]).
+    pub fn cast(&self, npc: usize, round_sf: bool) -> Result<(QuantData, HostScales)> {
+        super::cast(
+            &CastInput::from(self.grad.view()),
+            CastFormat::E4M3,
+            (1, npc),
+            ScaleOptions::row_major(round_sf),
+        )
+    }
+
+    /// `x_grad` `(N, 2H)` bf16: `bf16(grad)`, rows in parallel.
+    ///
+    /// Errors: none for a gradient built by [`swiglu_backward_grad_with_expf`].
+    pub fn x_grad(&self) -> Result<HostTensor<bf16>> {
+        let (n, w) = (self.grad.shape()[0], self.grad.shape()[1]);
+        let src = self.grad.as_slice();
+        let mut v = vec![bf16::ZERO; n * w];
+        par_rows(&mut v, w, w, |first, run| {
+            let part = &src[first * w..first * w + run.len()];
+            for (o, &g) in run.iter_mut().zip(part) {
+                *o = bf16_from_f32(g);
+            }
+        });
+        HostTensor::from_vec(v, &[n, w])
+    }
+}
+
 /// `swiglu_backward_and_per_token_cast` with the CPU `expf` ([`cpu_expf`]).
 ///
 /// Errors: see [`crate::swiglu_backward_and_per_token_cast::validate`].
@@ -108,6 +152,27 @@ pub fn swiglu_backward_and_per_token_cast_with_expf(
     params: &SwigluBackwardParams,
     expf: &(dyn Fn(usize, f32) -> f32 + Sync),
 ) -> Result<SwigluBackwardOutput> {
+    let g = swiglu_backward_grad_with_expf(inputs, params, expf)?;
+    let (x_grad_fp8, x_grad_fp8_sf) = g.cast(params.num_per_channels, params.round_sf)?;
+    let x_grad = g.x_grad()?;
+    Ok(SwigluBackwardOutput {
+        out: g.out,
+        x_grad_fp8,
+        x_grad_fp8_sf,
+        x_grad,
+        weight_grad: g.weight_grad,
+    })
+}
+
+/// The backward up to its cast ([`SwigluBackwardGrad`]; `params.round_sf` is validated but
+/// not used), with `expf` asked as by [`swiglu_backward_and_per_token_cast_with_expf`].
+///
+/// Errors: see [`crate::swiglu_backward_and_per_token_cast::validate`].
+pub fn swiglu_backward_grad_with_expf(
+    inputs: &SwigluBackwardInputs<'_>,
+    params: &SwigluBackwardParams,
+    expf: &(dyn Fn(usize, f32) -> f32 + Sync),
+) -> Result<SwigluBackwardGrad> {
     let plan = validate(inputs, params)?;
     let (n, h, npc) = (plan.n, plan.h, params.num_per_channels);
     let (t, k) = plan.topk_shape;
@@ -161,22 +226,9 @@ pub fn swiglu_backward_and_per_token_cast_with_expf(
             }
         }
     }
-    let grad = HostTensor::from_vec(grad, &[n, 2 * h])?;
-    let (x_grad_fp8, x_grad_fp8_sf) = super::cast(
-        &CastInput::from(grad.view()),
-        CastFormat::E4M3,
-        (1, npc),
-        ScaleOptions::row_major(params.round_sf),
-    )?;
-    let x_grad = HostTensor::from_vec(
-        grad.as_slice().iter().map(|&v| bf16_from_f32(v)).collect(),
-        &[n, 2 * h],
-    )?;
-    Ok(SwigluBackwardOutput {
+    Ok(SwigluBackwardGrad {
         out: HostTensor::from_vec(out, &[n, h])?,
-        x_grad_fp8,
-        x_grad_fp8_sf,
-        x_grad,
+        grad: HostTensor::from_vec(grad, &[n, 2 * h])?,
         weight_grad: HostTensor::from_vec(weight_grad, &[t, k])?,
     })
 }
