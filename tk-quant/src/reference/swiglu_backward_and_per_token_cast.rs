@@ -180,11 +180,13 @@ pub fn swiglu_backward_grad_with_expf(
         unreachable!("validate requires e4m3 data")
     };
     let mut grad = vec![0.0f32; n * 2 * h];
-    // Rows in parallel: each run of rows returns its `out` rows and each row's
-    // (routing slot, weight_grad) in row order.
+    let dec: [f32; 256] = std::array::from_fn(|b| e4m3_to_f32(b as u8)); // (codes,) e4m3 values
+                                                                         // Rows in parallel: each run of rows returns its `out` rows and each row's
+                                                                         // (routing slot, weight_grad) in row order.
     let parts = par_rows(&mut grad, 2 * h, 3 * h, |first, run| {
         let mut out = Vec::with_capacity(run.len() / 2);
         let mut sums = Vec::with_capacity(run.len() / (2 * h));
+        let mut sf = vec![0.0f32; 2 * h / npc]; // (groups,) the row's input scales
         for (r, grow2) in run.chunks_mut(2 * h).enumerate() {
             let i = first + r;
             let p = inputs.pos_to_token_topk.at(&[i]);
@@ -195,7 +197,10 @@ pub fn swiglu_backward_grad_with_expf(
             };
             let xrow = row(xq, i);
             let grow = row(&inputs.grad_out, i);
-            let deq = |c: usize| e4m3_to_f32(xrow[c].to_bits()) * inputs.x_sf.at(&[i, c / npc]);
+            for (b, v) in sf.iter_mut().enumerate() {
+                *v = inputs.x_sf.at(&[i, b]);
+            }
+            let deq = |c: usize| dec[xrow[c].to_bits() as usize] * sf[c / npc];
             let mut sum = 0.0f64;
             for j in 0..h {
                 let g = grow[j].to_f32();
