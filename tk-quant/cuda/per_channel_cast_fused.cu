@@ -42,14 +42,15 @@
 // 100.33-100.53 -> 99.73-100.11 µs, 256/EP64 98.91-99.18 -> 98.58-98.88), K=4096 0.2-0.7 %;
 // the plain rows (runs of 2, 2 slots) 1 % slower with it, so they keep the shuffles.
 #define TK_PC_XRED (TK_IN == 2 && TK_PCF_STAGES > 2)
-// TK_PC_WHOLE (set by the host for staged runs whose length divides K / 64: every CTA's run is
-// whole column tiles of one row tile) unrolls the tile loop: constant slots and offsets, no
-// per-tile bound checks (sm_90a, gathered K=7168: 270-330 SASS per tile instead of ~370; no
-// spills; sm_100a spills 8 bytes in runs of 4, not measured). H200 (session 23, D1, 3
-// interleaved rounds against the same build without it): gathered e4m3+sf rows 0.3-8.9 % faster
-// (K=2048 4-9 %, K=7168 0.0-0.6 %: 72/EP8 100.11-100.30 -> 99.53-99.73 µs), staged plain rows
-// 0-3 %; geometric mean over the 48 e4m3+sf rows 0.984. Session 13's straight-line runs, the same
-// idea before the later per-tile changes, spilled 8-16 bytes on sm_90a and were 2-6 % slower.
+// TK_PC_WHOLE (set by the host for staged runs whose length divides K / 64, on sm_90 devices:
+// every CTA's run is whole column tiles of one row tile) unrolls the tile loop: constant slots
+// and offsets, no per-tile bound checks (sm_90a, gathered K=7168: 270-330 SASS per tile
+// instead of ~370; no spills; sm_100a spills 8 bytes in runs of 4 and is not measured, so the
+// host keeps it off there). H200 (session 23, D1, 3 interleaved rounds against the same build
+// without it): gathered e4m3+sf rows 0.3-8.9 % faster (K=2048 4-9 %, K=7168 0.0-0.6 %: 72/EP8
+// 100.11-100.30 -> 99.53-99.73 µs), staged plain rows 0-3 %; geometric mean over the 48
+// e4m3+sf rows 0.984. Session 13's straight-line runs, the same idea before the later
+// per-tile changes, spilled 8-16 bytes on sm_90a and were 2-6 % slower.
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets as
 // many as the run has tiles, so a run's tiles are all in flight from its first tile on: 4 for
 // gathered rows, 2 for plain grids of runs of 2 filling at least one wave of CTAs), or 0: the

@@ -421,7 +421,8 @@ mod gpu {
     /// Whether the staged runs of `(grid, stages)` over `K = k` columns are whole
     /// (`TK_PC_WHOLE`: `K / 64` a multiple of the run, so each CTA's run is that many column
     /// tiles of one row tile, and the kernel unrolls its tile loop with constant slots). H200
-    /// (session 23): see `TK_PC_WHOLE` in `cuda/per_channel_cast_fused.cu`.
+    /// (session 23): see `TK_PC_WHOLE` in `cuda/per_channel_cast_fused.cu`. Launches take them
+    /// on sm_90 devices only (where they were measured).
     fn whole_runs((grid, stages): (PerChannelGrid, u32), k: usize) -> bool {
         stages > 1 && (k / 64) % grid.run() == 0
     }
@@ -563,6 +564,9 @@ mod gpu {
         let dev = device(x);
         let sms = dev.props().sm_count.max(1) as usize;
         let pipe = pipeline(input, pos_to_token.is_some(), plan.m, plan.k, sms);
+        // Whole runs where they were measured (sm_90: no spills); sm_100a spills 8 bytes in
+        // the runs-of-4 kernels, and no sm_100 device has measured them.
+        let sm90 = dev.props().compute_capability.0 == 9;
         launch_per_channel(
             dev,
             &plan,
@@ -578,7 +582,7 @@ mod gpu {
                     vec,
                     pitch32,
                     pipe,
-                    whole_runs(pipe, plan.k),
+                    whole_runs(pipe, plan.k) && sm90,
                 )
             },
         )
