@@ -609,21 +609,22 @@ mod gpu {
     mod tests {
         use super::{pipeline, whole_runs, PerChannelGrid};
 
+        /// The e4m3 pipelines: staged runs of 2, runs of 4 with the register prefetch, staged
+        /// runs of 4.
+        const RUNS2: (PerChannelGrid, u32) = (PerChannelGrid::Runs(2), 2);
+        const RUNS4: (PerChannelGrid, u32) = (PerChannelGrid::Runs(4), 0);
+        const STAGED4: (PerChannelGrid, u32) = (PerChannelGrid::Runs(4), 4);
+
         /// Whole runs: staged pipelines whose run divides the column tiles only.
         #[test]
         fn whole_runs_by_pipeline_and_k() {
-            let (runs2, runs4, staged4) = (
-                (PerChannelGrid::Runs(2), 2),
-                (PerChannelGrid::Runs(4), 0),
-                (PerChannelGrid::Runs(4), 4),
-            );
             for k in [256, 2048, 2560, 3072, 4096, 6144, 7168] {
-                assert!(whole_runs(staged4, k) && whole_runs(runs2, k), "K = {k}");
-                assert!(!whole_runs(runs4, k), "K = {k}");
+                assert!(whole_runs(STAGED4, k) && whole_runs(RUNS2, k), "K = {k}");
+                assert!(!whole_runs(RUNS4, k), "K = {k}");
                 assert!(!whole_runs((PerChannelGrid::Tiles, 0), k), "K = {k}");
             }
             for k in [64, 128, 384, 640, 4224] {
-                assert!(!whole_runs(staged4, k), "K = {k}");
+                assert!(!whole_runs(STAGED4, k), "K = {k}");
             }
         }
 
@@ -632,19 +633,14 @@ mod gpu {
         /// register prefetch; gathered e4m3 rows in staged runs of 4; fp32 / bf16 per tile.
         #[test]
         fn pipeline_by_input_gather_and_grid() {
-            let (runs2, runs4, staged4) = (
-                (PerChannelGrid::Runs(2), 2),
-                (PerChannelGrid::Runs(4), 0),
-                (PerChannelGrid::Runs(4), 4),
-            );
             for k in [2560, 3072, 4096, 6144, 7168] {
-                assert_eq!(pipeline(2, false, 4096, k, 132), runs2, "K = {k}");
+                assert_eq!(pipeline(2, false, 4096, k, 132), RUNS2, "K = {k}");
             }
             // 32 x 33 tiles: 528 runs of 2, one wave; 32 x 32: 512, under it.
-            assert_eq!(pipeline(2, false, 4096, 2112, 132), runs2);
-            assert_eq!(pipeline(2, false, 4096, 2048, 132), runs4);
-            assert_eq!(pipeline(2, true, 128, 64, 132), staged4);
-            assert_eq!(pipeline(2, true, 24704, 7168, 132), staged4);
+            assert_eq!(pipeline(2, false, 4096, 2112, 132), RUNS2);
+            assert_eq!(pipeline(2, false, 4096, 2048, 132), RUNS4);
+            assert_eq!(pipeline(2, true, 128, 64, 132), STAGED4);
+            assert_eq!(pipeline(2, true, 24704, 7168, 132), STAGED4);
             for input in [0, 1] {
                 for gathered in [false, true] {
                     assert_eq!(

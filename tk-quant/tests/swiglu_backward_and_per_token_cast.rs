@@ -37,6 +37,23 @@ struct Case {
 }
 
 impl Case {
+    /// Row `i`'s weight: its routing slot's, 0 for a padding row.
+    fn row_weight(&self, i: usize) -> f32 {
+        let p = self.p2t.as_slice()[i];
+        if p >= 0 {
+            self.weight.as_slice()[p as usize]
+        } else {
+            0.0
+        }
+    }
+
+    /// The dequantized `x[i, col]` (`npc` columns per input scale).
+    fn deq(&self, i: usize, col: usize, npc: usize) -> f32 {
+        let two_h = self.xq.shape()[1];
+        tk_core::convert::e4m3_to_f32(self.xq.as_slice()[i * two_h + col].to_bits())
+            * self.xs.as_slice()[i * (two_h / npc) + col / npc]
+    }
+
     fn inputs(&self) -> Inputs<'_> {
         Inputs {
             x: QuantDataView::E4M3(self.xq.view()),
@@ -240,15 +257,8 @@ fn op_equals_independent_implementation() {
                 let mut wg = vec![0.0f32; t * k];
                 for i in 0..n {
                     let p = case.p2t.as_slice()[i];
-                    let w = if p >= 0 {
-                        case.weight.as_slice()[p as usize]
-                    } else {
-                        0.0
-                    };
-                    let deq = |col: usize| {
-                        tk_core::convert::e4m3_to_f32(case.xq.as_slice()[i * 2 * h + col].to_bits())
-                            * case.xs.as_slice()[i * (2 * h / npc) + col / npc]
-                    };
+                    let w = case.row_weight(i);
+                    let deq = |col: usize| case.deq(i, col, npc);
                     let mut sum = 0.0f32;
                     for j in 0..h {
                         let g = case.grad.as_slice()[i * h + j].to_f32();
@@ -313,10 +323,7 @@ fn rows_in_parallel_ask_expf_by_element() {
     let case = random_case(&mut rng, t, k, h, npc);
     let n = case.p2t.shape()[0];
     let c = Some(0.5);
-    let deq = |i: usize, col: usize| {
-        tk_core::convert::e4m3_to_f32(case.xq.as_slice()[i * 2 * h + col].to_bits())
-            * case.xs.as_slice()[i * (2 * h / npc) + col / npc]
-    };
+    let deq = |i: usize, col: usize| case.deq(i, col, npc);
     let args: Vec<f32> = (0..n * h)
         .map(|e| -clamp_gate(deq(e / h, e % h), c).0)
         .collect();
@@ -332,11 +339,7 @@ fn rows_in_parallel_ask_expf_by_element() {
     let mut wg = vec![0.0f32; t * k];
     for i in 0..n {
         let pi = case.p2t.as_slice()[i];
-        let w = if pi >= 0 {
-            case.weight.as_slice()[pi as usize]
-        } else {
-            0.0
-        };
+        let w = case.row_weight(i);
         let mut sum = 0.0f64;
         for j in 0..h {
             let g = case.grad.as_slice()[i * h + j].to_f32();
@@ -410,16 +413,8 @@ fn a_foreign_expf_changes_only_what_depends_on_it() {
     let n = case.p2t.shape()[0];
     let mut fp32_changes = 0;
     for i in 0..n {
-        let deq = |col: usize| {
-            tk_core::convert::e4m3_to_f32(case.xq.as_slice()[i * 2 * h + col].to_bits())
-                * case.xs.as_slice()[i * 2 + col / 128]
-        };
-        let pi = case.p2t.as_slice()[i];
-        let w = if pi >= 0 {
-            case.weight.as_slice()[pi as usize]
-        } else {
-            0.0
-        };
+        let deq = |col: usize| case.deq(i, col, 128);
+        let w = case.row_weight(i);
         for j in 0..h {
             let g = case.grad.as_slice()[i * h + j].to_f32();
             let e = swiglu_backward_element(deq(j), deq(h + j), g, w, None, &other);
