@@ -18,7 +18,7 @@ use tk_quant::reference::swiglu::{clamp_gate, cpu_expf};
 use tk_quant::reference::{
     cast, per_token_cast, swiglu_backward_and_per_token_cast,
     swiglu_backward_and_per_token_cast_with_expf, swiglu_backward_element,
-    swiglu_backward_grad_with_expf,
+    swiglu_backward_grad_with_expf, BackwardElement, SwigluBackwardOutput,
 };
 use tk_quant::swiglu_backward_and_per_token_cast::{validate, validate_dims};
 use tk_quant::{
@@ -97,6 +97,27 @@ fn random_case(rng: &mut Rng, t: usize, k: usize, h: usize, npc: usize) -> Case 
         p2t: HostTensor::from_vec(p2t, &[n]).unwrap(),
         t2p: HostTensor::from_vec(t2p, &[t, k]).unwrap(),
     }
+}
+
+/// The op's `out` and `x_grad` at row `i`, gate column `j` are element `e`'s, rounded to bf16.
+fn assert_element(o: &SwigluBackwardOutput, i: usize, j: usize, e: &BackwardElement) {
+    let h = o.out.shape()[1];
+    let at = |v: &HostTensor<bf16>, idx: usize| v.as_slice()[idx].to_bits();
+    assert_eq!(
+        at(&o.out, i * h + j),
+        bf16::from_f32(e.out).to_bits(),
+        "out[{i}, {j}]"
+    );
+    assert_eq!(
+        at(&o.x_grad, i * 2 * h + j),
+        bf16::from_f32(e.dx).to_bits(),
+        "dx[{i}, {j}]"
+    );
+    assert_eq!(
+        at(&o.x_grad, i * 2 * h + h + j),
+        bf16::from_f32(e.dy).to_bits(),
+        "dy[{i}, {j}]"
+    );
 }
 
 /// The spec's §3.11 steps, written independently: `(out, dX, dY, act)` in fp32.
@@ -344,18 +365,7 @@ fn rows_in_parallel_ask_expf_by_element() {
         for j in 0..h {
             let g = case.grad.as_slice()[i * h + j].to_f32();
             let e = swiglu_backward_element(deq(i, j), deq(i, h + j), g, w, c, &cpu_expf);
-            assert_eq!(
-                o.out.as_slice()[i * h + j].to_bits(),
-                bf16::from_f32(e.out).to_bits()
-            );
-            assert_eq!(
-                o.x_grad.as_slice()[i * 2 * h + j].to_bits(),
-                bf16::from_f32(e.dx).to_bits()
-            );
-            assert_eq!(
-                o.x_grad.as_slice()[i * 2 * h + h + j].to_bits(),
-                bf16::from_f32(e.dy).to_bits()
-            );
+            assert_element(&o, i, j, &e);
             sum += g as f64 * e.act as f64;
         }
         if pi >= 0 {
@@ -420,18 +430,7 @@ fn a_foreign_expf_changes_only_what_depends_on_it() {
             let e = swiglu_backward_element(deq(j), deq(h + j), g, w, None, &other);
             let e0 = swiglu_backward_element(deq(j), deq(h + j), g, w, None, &cpu_expf);
             fp32_changes += (e.dx.to_bits() != e0.dx.to_bits()) as usize;
-            assert_eq!(
-                a.x_grad.as_slice()[i * 2 * h + j].to_bits(),
-                bf16::from_f32(e.dx).to_bits()
-            );
-            assert_eq!(
-                a.x_grad.as_slice()[i * 2 * h + h + j].to_bits(),
-                bf16::from_f32(e.dy).to_bits()
-            );
-            assert_eq!(
-                a.out.as_slice()[i * h + j].to_bits(),
-                bf16::from_f32(e.out).to_bits()
-            );
+            assert_element(&a, i, j, &e);
         }
     }
     assert!(fp32_changes > 0);
