@@ -213,8 +213,10 @@ __device__ __forceinline__ void tile_kernel(const Params& p) {
             if (tc >= tiles_c) tc -= tiles_c, ++tr;
         }
     };
-    // Whether this CTA's n-th tile (row tile tr) exists.
-    const auto live = [&](u32 n, u32 tr) { return WHOLE ? n < RUN : tr < tiles_r && (RUN == 1 || n < RUN); };
+    // Whether this CTA's n-th tile (row tile tr) exists (whole runs: every CTA's RUN tiles).
+    const auto live = [&](u32 n, u32 tr) {
+        return WHOLE ? n < RUN : tr < tiles_r && (RUN == 1 || n < RUN);
+    };
     constexpr bool PIPE = Src::PIPE;
     Src src;                // the source (state: e.g. GatherSrc's source rows)
     typename Src::Raw raw;  // PIPE: the raw words of tile (tr, tc), loaded one tile ahead
