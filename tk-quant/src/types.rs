@@ -67,6 +67,21 @@ impl CastFormat {
         }
     }
 
+    /// `codes[i] = encode(fl(values[i] · inv))` over the shorter of the two slices: the step
+    /// of every cast reference, with the format chosen once for the group (a `match` per
+    /// element kept the references' inner loop from being inlined: 2.5x slower).
+    pub(crate) fn encode_scaled(self, codes: &mut [u8], values: &[f32], inv: f32) {
+        fn each(codes: &mut [u8], values: &[f32], inv: f32, enc: impl Fn(f32) -> u8) {
+            for (c, &v) in codes.iter_mut().zip(values) {
+                *c = enc(v * inv);
+            }
+        }
+        match self {
+            CastFormat::E4M3 => each(codes, values, inv, e4m3_from_f32),
+            CastFormat::E2M1 => each(codes, values, inv, e2m1_from_f32),
+        }
+    }
+
     /// Decodes one e4m3 byte or e2m1 nibble exactly.
     pub fn decode(self, code: u8) -> f32 {
         match self {

@@ -1212,12 +1212,21 @@ impl BwdData {
         }
     }
 
+    /// The dequantized input `fl(dec(q[i, col]) · sf[i, col / npc])`, decoded through a
+    /// table (these passes read every element of up to 49024 x 14336).
+    fn dequant(&self) -> impl Fn(usize, usize) -> f32 + Sync + '_ {
+        let dec: [f32; 256] = std::array::from_fn(|b| e4m3_to_f32(b as u8)); // (codes,) values
+        let (ld, npc) = (self.q_layout.strides()[0], self.npc);
+        let nbk = self.q_layout.shape()[1] / npc;
+        let (q, sf) = (self.q.as_slice(), self.sf.as_slice());
+        move |i, col| dec[q[i * ld + col].to_bits() as usize] * sf[i * nbk + col / npc]
+    }
+
     /// The reference's `expf` arguments by element `i · H + j`: `−X` (clamped) for each row
     /// `i`, gate column `j` (rows in parallel).
     fn expf_args(&self, c: Option<f32>) -> Vec<f32> {
-        let (n, two_h) = (self.q_layout.shape()[0], self.q_layout.shape()[1]);
-        let (h, ld, nbk) = (two_h / 2, self.q_layout.strides()[0], two_h / self.npc);
-        let (q, sf, npc) = (self.q.as_slice(), self.sf.as_slice(), self.npc);
+        let (n, h) = (self.q_layout.shape()[0], self.q_layout.shape()[1] / 2);
+        let deq = &self.dequant();
         let mut v = vec![0.0f32; n * h];
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
         let rows_per = n.div_ceil(threads).max(1);
@@ -1226,8 +1235,7 @@ impl BwdData {
                 s.spawn(move || {
                     for (e, a) in chunk.iter_mut().enumerate() {
                         let (i, j) = (part * rows_per + e / h, e % h);
-                        let x = e4m3_to_f32(q[i * ld + j].to_bits()) * sf[i * nbk + j / npc];
-                        *a = -clamp_gate(x, c).0;
+                        *a = -clamp_gate(deq(i, j), c).0;
                     }
                 });
             }
@@ -1240,8 +1248,8 @@ impl BwdData {
     /// parallel).
     fn clamps_nothing(&self, c: f32) -> bool {
         let (n, two_h) = (self.q_layout.shape()[0], self.q_layout.shape()[1]);
-        let (h, ld, nbk) = (two_h / 2, self.q_layout.strides()[0], two_h / self.npc);
-        let (q, sf, npc) = (self.q.as_slice(), self.sf.as_slice(), self.npc);
+        let h = two_h / 2;
+        let deq = &self.dequant();
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
         let rows_per = n.div_ceil(threads).max(1);
         std::thread::scope(|s| {
@@ -1251,8 +1259,7 @@ impl BwdData {
                     s.spawn(move || {
                         (r0..(r0 + rows_per).min(n)).all(|i| {
                             (0..two_h).all(|col| {
-                                let v = e4m3_to_f32(q[i * ld + col].to_bits())
-                                    * sf[i * nbk + col / npc];
+                                let v = deq(i, col);
                                 if col < h {
                                     v <= c
                                 } else {

@@ -179,11 +179,10 @@ impl Values {
         quant_rows(fmt, (self.m, self.k), |r, codes| {
             let inv = &inv[(r / bm) * nbk..(r / bm + 1) * nbk];
             for ((cs, vs), &s) in codes.chunks_mut(bk).zip(self.row(r).chunks(bk)).zip(inv) {
-                for (c, &v) in cs.iter_mut().zip(vs) {
-                    *c = fmt.encode(v * s);
-                }
+                fmt.encode_scaled(cs, vs, s);
             }
         })
+        .map(|(data, _)| data)
     }
 
     /// Steps 2-5: the data and the scales.

@@ -146,25 +146,41 @@ pub(crate) fn par_rows<T: Send, R: Send>(
 
 /// `(M, K)` data in `fmt` (e4m3 `(M, K)`, packed e2m1 `(M, K/2)`; `K` even for e2m1) whose
 /// row `r` has the codes `codes(r, buf)` writes into `buf` (`K` codes, one per logical
-/// column), rows computed in parallel ([`par_rows`]).
-pub(crate) fn quant_rows(
+/// column), rows computed in parallel ([`par_rows`]), and what `codes` returned for each row,
+/// in row order (e.g. the row's scales, computed in the same pass).
+pub(crate) fn quant_rows<R: Send>(
     fmt: CastFormat,
     (m, k): (usize, usize),
-    codes: impl Fn(usize, &mut [u8]) + Sync,
-) -> tk_core::Result<QuantData> {
-    Ok(match fmt {
+    codes: impl Fn(usize, &mut [u8]) -> R + Sync,
+) -> tk_core::Result<(QuantData, Vec<R>)> {
+    // Each run of rows: its rows' codes through `buf` into `out` (`w` elements per row),
+    // `store` turning the `K` codes of a row into its `w` elements.
+    fn rows<T, R>(
+        (first, run, w, k): (usize, &mut [T], usize, usize),
+        codes: &impl Fn(usize, &mut [u8]) -> R,
+        store: impl Fn(&mut [T], &[u8]),
+    ) -> Vec<R> {
+        let mut buf = vec![0u8; k];
+        run.chunks_mut(w)
+            .enumerate()
+            .map(|(i, out)| {
+                let r = codes(first + i, &mut buf);
+                store(out, &buf);
+                r
+            })
+            .collect()
+    }
+    let (data, parts) = match fmt {
         CastFormat::E4M3 => {
             let mut data = vec![F8E4M3::from_bits(0); m * k];
-            par_rows(&mut data, k, k, |first, run| {
-                let mut buf = vec![0u8; k];
-                for (i, out) in run.chunks_mut(k).enumerate() {
-                    codes(first + i, &mut buf);
-                    for (o, &c) in out.iter_mut().zip(&buf) {
+            let parts = par_rows(&mut data, k, k, |first, run| {
+                rows((first, run, k, k), &codes, |out, buf| {
+                    for (o, &c) in out.iter_mut().zip(buf) {
                         *o = F8E4M3::from_bits(c);
                     }
-                }
+                })
             });
-            QuantData::E4M3(HostTensor::from_vec(data, &[m, k])?)
+            (QuantData::E4M3(HostTensor::from_vec(data, &[m, k])?), parts)
         }
         CastFormat::E2M1 => {
             assert!(
@@ -173,18 +189,17 @@ pub(crate) fn quant_rows(
             );
             let w = k / 2;
             let mut data = vec![E2M1x2(0); m * w];
-            par_rows(&mut data, w, k, |first, run| {
-                let mut buf = vec![0u8; k];
-                for (i, out) in run.chunks_mut(w).enumerate() {
-                    codes(first + i, &mut buf);
+            let parts = par_rows(&mut data, w, k, |first, run| {
+                rows((first, run, w, k), &codes, |out, buf| {
                     for (o, p) in out.iter_mut().zip(buf.chunks_exact(2)) {
                         *o = E2M1x2(tk_core::convert::pack_e2m1(p[0], p[1]));
                     }
-                }
+                })
             });
-            QuantData::E2M1(HostTensor::from_vec(data, &[m, w])?)
+            (QuantData::E2M1(HostTensor::from_vec(data, &[m, w])?), parts)
         }
-    })
+    };
+    Ok((data, parts.into_iter().flatten().collect()))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 
 use tk_core::convert::{compute_scale, compute_scale_with_eps};
 
-use super::{par_rows, quant_rows};
+use super::quant_rows;
 use crate::scale::{HostScales, ScaleGrid, ScaleLayout};
 use crate::types::{row, CastFormat, QuantData};
 use tk_core::{HostView, Result};
@@ -120,7 +120,8 @@ pub(crate) struct RowCast {
 /// zeros with a zero scale (+0.0, UE8M0 byte 0), whatever `values` holds there.
 ///
 /// Rows are computed in parallel ([`super::par_rows`]; each group's `amax` folds its elements
-/// left to right, as a sequential loop would): the scales in one pass, the codes in a second.
+/// left to right, as a sequential loop would), each row in one pass: its groups' scales, then
+/// its codes while the row is still in cache.
 pub(crate) fn cast_rows(
     values: &HostView<'_, f32>,
     p: RowCast,
@@ -128,39 +129,27 @@ pub(crate) fn cast_rows(
 ) -> Result<(QuantData, HostScales)> {
     let (m, k) = (values.shape()[0], values.shape()[1]);
     let grid = ScaleGrid::for_matrix(m, k, (1, p.npc))?;
-    let ng = grid.nbk();
-    // `(sf, inv)` per group of every processed row, `None` for the skipped rows.
-    let mut pairs = vec![None; m * ng];
-    par_rows(&mut pairs, ng, k, |first, run| {
-        for (i, out) in run.chunks_mut(ng).enumerate() {
-            let r = first + i;
-            if skip(r) {
-                continue;
-            }
-            for (o, chunk) in out.iter_mut().zip(row(values, r).chunks(p.npc)) {
-                let amax = chunk.iter().fold(0.0f32, |acc, x| acc.max(x.abs()));
-                *o = Some(scale_pair(amax, p.fmt, p.eps, p.round_sf));
-            }
-        }
-    });
-    let data = quant_rows(p.fmt, (m, k), |r, codes| {
+    // Each processed row's `sf` per group, `None` for the skipped rows.
+    let (data, sfs) = quant_rows(p.fmt, (m, k), |r, codes| {
         if skip(r) {
             codes.fill(0);
-            return;
+            return None;
         }
-        let pairs = &pairs[r * ng..(r + 1) * ng];
         let chunks = codes.chunks_mut(p.npc).zip(row(values, r).chunks(p.npc));
-        for ((cs, vs), pair) in chunks.zip(pairs) {
-            let (_, inv) = pair.expect("a processed row has every group's scale");
-            for (c, &v) in cs.iter_mut().zip(vs) {
-                *c = p.fmt.encode(v * inv);
-            }
-        }
+        let sf: Vec<f32> = chunks
+            .map(|(cs, vs)| {
+                let amax = vs.iter().fold(0.0f32, |acc, x| acc.max(x.abs()));
+                let (sf, inv) = scale_pair(amax, p.fmt, p.eps, p.round_sf);
+                p.fmt.encode_scaled(cs, vs, inv);
+                sf
+            })
+            .collect();
+        Some(sf)
     })?;
     let mut sf = HostScales::zeros(p.layout, grid);
-    for (i, pair) in pairs.iter().enumerate() {
-        if let Some((s, _)) = *pair {
-            sf.set(i / ng, i % ng, s);
+    for (r, row_sf) in sfs.iter().enumerate() {
+        for (g, &s) in row_sf.iter().flatten().enumerate() {
+            sf.set(r, g, s);
         }
     }
     Ok((data, sf))

@@ -16,12 +16,12 @@ use tk_core::convert::{bf16_from_f32, e4m3_to_f32};
 use tk_core::{HostTensor, Result};
 
 use super::par_rows;
-use super::swiglu::{clamp_gate, clamp_value, cpu_expf};
-use crate::scale::{HostScales, ScaleOptions};
+use super::swiglu::{cast_rows, clamp_gate, clamp_value, cpu_expf, RowCast};
+use crate::scale::{HostScales, ScaleLayout};
 use crate::swiglu_backward_and_per_token_cast::{
     validate, SwigluBackwardInputs, SwigluBackwardParams,
 };
-use crate::types::{row, CastFormat, CastInput, QuantData, QuantDataView};
+use crate::types::{row, CastFormat, QuantData, QuantDataView};
 
 /// The fp32 results of one element of the backward (before the bf16 roundings).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,14 +103,20 @@ impl SwigluBackwardGrad {
     /// cast of `grad` in groups of `npc` columns, scales rounded to powers of two when
     /// `round_sf`.
     ///
-    /// Errors: `npc` not a divisor of `2H` (see [`super::cast()`]).
+    /// The same data and scales as [`super::cast()`] with block `(1, npc)`, computed by the
+    /// SwiGLU family's row cast straight from `grad` (no fp32 copy of the matrix; the GPU
+    /// tests cast gradients of up to 49024 x 14336 values, several per case).
+    ///
+    /// Errors: `npc` zero.
     pub fn cast(&self, npc: usize, round_sf: bool) -> Result<(QuantData, HostScales)> {
-        super::cast(
-            &CastInput::from(self.grad.view()),
-            CastFormat::E4M3,
-            (1, npc),
-            ScaleOptions::row_major(round_sf),
-        )
+        let p = RowCast {
+            fmt: CastFormat::E4M3,
+            npc,
+            layout: ScaleLayout::RowMajorF32,
+            round_sf,
+            eps: None,
+        };
+        cast_rows(&self.grad.view(), p, &|_| false)
     }
 
     /// `x_grad` `(N, 2H)` bf16: `bf16(grad)`, rows in parallel.
