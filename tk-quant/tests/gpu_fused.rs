@@ -35,7 +35,9 @@
 //! (fused row x H) elements and the per-channel fused grid about 2.9e10 (fused row x K: its
 //! 128-row expert alignment pads the 256-token, 384-expert sources to 48896 rows), about
 //! 2700 core-seconds each (measured on one AMD EPYC core: 55 s for the largest forward case,
-//! 24 s for the largest fused case).
+//! 24 s for the largest fused case). The backward grid under `TK_FULL_TEST` is about 8.6e10
+//! (row x 2H) elements, about 48 ns of one core each: on the H200 host (16 cores) it passed in
+//! 8 shards (`TK_TEST_SHARD=i/8`) of 204-466 s each, two or three shards at a time.
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
 use std::collections::HashMap;
