@@ -18,7 +18,7 @@ use tk_quant::reference::swiglu::{clamp_gate, cpu_expf};
 use tk_quant::reference::{
     cast, per_token_cast, swiglu_backward_and_per_token_cast,
     swiglu_backward_and_per_token_cast_with_expf, swiglu_backward_element,
-    swiglu_backward_grad_with_expf, BackwardElement, SwigluBackwardOutput,
+    swiglu_backward_grad_with_expf, BackwardElement, SwigluBackwardGrad, SwigluBackwardOutput,
 };
 use tk_quant::swiglu_backward_and_per_token_cast::{validate, validate_dims};
 use tk_quant::{
@@ -535,4 +535,53 @@ fn empty_input() {
         swiglu_backward_and_per_token_cast(&case.inputs(), &Params::new(128, true, None)).unwrap();
     assert_eq!(o.x_grad_fp8.shape(), [0, 256]);
     assert_eq!(o.weight_grad.as_slice(), &[0.0; 4]);
+}
+
+#[test]
+fn grad_cast_is_the_generic_cast() {
+    // `SwigluBackwardGrad::cast` (the row cast, one pass per row) against the generic
+    // reference `cast` with block (1, npc), on random rows with special values mixed in
+    // (NaN, infinities, signed zeros, values beyond 448 and below e4m3's subnormals), an
+    // all-zero row, and a partial last group (K = 3 · 32 + 16).
+    let mut rng = Rng::for_case("swiglu_bwd/grad_cast");
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        0.0,
+        1e6,
+        -3e-12,
+        448.0,
+    ];
+    for (m, k) in [(9, 256), (5, 112)] {
+        let mut grad = rng.randn(&[m, k], |v| v * 4.0);
+        let n_special = m * k / 7;
+        for i in 0..n_special {
+            let at = (i * 7 + 3) % (m * k);
+            grad.as_mut_slice()[at] = specials[i % specials.len()];
+        }
+        grad.as_mut_slice()[k..2 * k].fill(0.0);
+        let g = SwigluBackwardGrad {
+            out: HostTensor::from_vec(vec![bf16::ZERO; m], &[m, 1]).unwrap(),
+            grad: grad.clone(),
+            weight_grad: HostTensor::from_vec(vec![0.0], &[1, 1]).unwrap(),
+        };
+        for npc in [32, 128] {
+            for round in [false, true] {
+                let want = cast(
+                    &CastInput::from(grad.view()),
+                    CastFormat::E4M3,
+                    (1, npc),
+                    ScaleOptions::row_major(round),
+                )
+                .unwrap();
+                assert_eq!(
+                    g.cast(npc, round).unwrap(),
+                    want,
+                    "({m}, {k}) npc={npc} round={round}"
+                );
+            }
+        }
+    }
 }
