@@ -49,8 +49,8 @@
 // host keeps it off there). H200 (session 23, D1, 3 interleaved rounds against the same build
 // without it; medians): gathered e4m3+sf rows -0.2..+8.6 % faster (K=2048 2.3-8.6 %, K=7168
 // 0.1-0.6 %: 72/EP8 100.11-100.30 -> 99.53-99.73 µs), staged plain rows -0.2..+3.2 %;
-// geometric mean over the 48 e4m3+sf rows 0.984. Session 13's straight-line runs, the same idea before the later
-// per-tile changes, spilled 8-16 bytes on sm_90a and were 2-6 % slower.
+// geometric mean over the 48 e4m3+sf rows 0.984. Session 13's straight-line runs, the same
+// idea before the later per-tile changes, spilled 8-16 bytes on sm_90a and were 2-6 % slower.
 // TK_PCF_STAGES (set by the host): slots of the staged e4m3 pipeline, 2..4 (the host sets as
 // many as the run has tiles, so a run's tiles are all in flight from its first tile on: 4 for
 // gathered rows, 2 for plain grids of runs of 2 filling at least one wave of CTAs), or 0: the
